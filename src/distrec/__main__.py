@@ -1,0 +1,3 @@
+from distrec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,302 @@
+"""Experiment configuration: typed sections with defaults, YAML files, presets, overrides.
+
+One YAML file describes a run; every field has a default; ``--set section.field=value``
+overrides any field from the command line. The resolved config is written into the run's
+output folder so every result can be reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+from distrec.errors import DistrecError
+
+
+@dataclass
+class SyntheticConfig:
+    """A Criteo-shaped synthetic data set (see ``distrec.data.synthetic``)."""
+
+    rows: int = 200_000
+    num_dense: int = 13
+    num_sparse: int = 26
+    table_rows: int = 100_000
+    zipf_exponent: float = 1.05
+    pooling_factor: int = 1
+    interaction_groups: int = 0
+    drift_period_rows: int = 0
+    seed: int = 1234
+
+
+@dataclass
+class DataConfig:
+    """Where the data comes from and how it is split."""
+
+    path: str | None = None
+    format: str = "synthetic"
+    schema: str | None = None
+    cache_dir: str | None = None
+    split: str = "random:0.1"
+    max_ind_range: int = 100_000
+    table_sizes: dict[str, int] = field(default_factory=dict)
+    strict: bool = False
+    chunk_rows: int = 262_144
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class ModelConfig:
+    """The architecture. A preset fixes these; input widths and table sizes come from data.
+
+    ``bottom_mlp`` and ``top_mlp`` list hidden widths only: DLRM's bottom MLP always ends in
+    a layer of width ``embedding_dim`` (so dense and sparse vectors can be dotted) and the
+    top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
+    ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
+    """
+
+    preset: str = "dlrm-kaggle"
+    arch: str = "dlrm"
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64])
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256])
+    interaction: str = "dot"
+    self_interaction: bool = False
+    cross_layers: int = 3
+    cross_low_rank: int = 0
+    dcn_structure: str = "parallel"
+    deep_mlp: list[int] = field(default_factory=lambda: [512, 256])
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop."""
+
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 1024
+    eval_batch_size: int = 16384
+    lr: float = 0.1
+    embedding_lr: float | None = None
+    optimizer: str = "sgd"
+    embedding_optimizer: str | None = None
+    warmup_steps: int = 0
+    decay: str = "none"
+    decay_start_step: int = 0
+    decay_steps: int = 0
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    seed: int = 0
+    threads: int = 0
+
+
+@dataclass
+class RunConfig:
+    """A whole experiment."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# Architecture presets. Sources: the DLRM reference code's run scripts
+# (bench/dlrm_s_criteo_kaggle.sh, dlrm_s_criteo_terabyte.sh, MLPerf DLRM v1) and the
+# DCN-v2 paper (Wang et al., WWW 2021) for `dcn`. The first bottom-MLP width and the last
+# top-MLP width (13 and 1 in the papers) come from the data and the task, so they are left out.
+PRESETS: dict[str, dict[str, Any]] = {
+    "dlrm-kaggle": dict(arch="dlrm", embedding_dim=16, bottom_mlp=[512, 256, 64], top_mlp=[512, 256], interaction="dot"),
+    "dlrm-terabyte": dict(arch="dlrm", embedding_dim=64, bottom_mlp=[512, 256], top_mlp=[512, 512, 256], interaction="dot"),
+    "dlrm-mlperf": dict(arch="dlrm", embedding_dim=128, bottom_mlp=[512, 256], top_mlp=[1024, 1024, 512, 256], interaction="dot"),
+    "dcn": dict(arch="dcn", embedding_dim=16, cross_layers=3, dcn_structure="parallel", deep_mlp=[512, 256], bottom_mlp=[]),
+    "tiny": dict(arch="dlrm", embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16], interaction="dot"),
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.format": ("synthetic", "criteo", "movielens", "csv", "parquet"),
+    "model.arch": ("dlrm", "dcn"),
+    "model.interaction": ("dot", "cat"),
+    "model.dcn_structure": ("parallel", "stacked"),
+    "train.optimizer": ("sgd", "adagrad", "adam"),
+    "train.embedding_optimizer": ("sgd", "adagrad", "adam"),
+    "train.decay": ("none", "linear", "cosine", "poly"),
+}
+
+
+def apply_preset(model: ModelConfig, name: str) -> None:
+    """Overwrite the architecture fields of ``model`` with preset ``name``."""
+    if name not in PRESETS:
+        raise DistrecError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    model.preset = name
+    for key, value in PRESETS[name].items():
+        setattr(model, key, list(value) if isinstance(value, list) else value)
+
+
+def to_dict(cfg: Any) -> dict:
+    """The config as plain dicts and lists (for YAML/JSON)."""
+    return dataclasses.asdict(cfg)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Convert a YAML/command-line value to the field's declared type, or fail clearly."""
+    origin = get_origin(hint)
+    args = get_args(hint)
+    if origin is None and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise DistrecError(f"config key {key!r} must be a mapping, got {value!r}")
+        return _from_dict(hint, value, key + ".")
+    if type(None) in args:  # Optional[...]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(value, inner, key)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.replace("-", ",").split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, list):
+            raise DistrecError(f"config key {key!r} must be a list, got {value!r}")
+        return [_coerce(v, args[0], key) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise DistrecError(f"config key {key!r} must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], key) for k, v in value.items()}
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes", "on"):
+                    return True
+                if value.lower() in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            if isinstance(value, str):
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError
+            return int(value)
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise DistrecError(f"config key {key!r} expects {getattr(hint, '__name__', hint)}, got {value!r}") from None
+    return value
+
+
+def _from_dict(cls: type, d: dict, prefix: str = "") -> Any:
+    hints = get_type_hints(cls)
+    unknown = set(d) - set(hints)
+    if unknown:
+        key = prefix + sorted(unknown)[0]
+        raise DistrecError(f"unknown config key {key!r}; known keys under {prefix or 'top level'}: {', '.join(hints)}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in d.items()}
+    return cls(**kwargs)
+
+
+def from_dict(d: dict) -> RunConfig:
+    """Build and validate a RunConfig from nested dicts; missing fields take defaults."""
+    d = dict(d or {})
+    model = d.get("model") or {}
+    preset = model.get("preset") if isinstance(model, dict) else None
+    cfg = _from_dict(RunConfig, {k: v for k, v in d.items()})
+    if preset is not None:
+        # the preset first, then any architecture field the file sets explicitly
+        explicit = {k: getattr(cfg.model, k) for k in model if k != "preset"}
+        apply_preset(cfg.model, preset)
+        for k, v in explicit.items():
+            setattr(cfg.model, k, v)
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults), apply a preset, then ``key=value`` overrides."""
+    d: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
+        try:
+            d = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+        if not isinstance(d, dict):
+            raise DistrecError(f"config file {str(p)!r} must hold a mapping of sections (data, model, train)")
+    if preset is not None:
+        d.setdefault("model", {})
+        if not isinstance(d["model"], dict):
+            raise DistrecError("config section 'model' must be a mapping")
+        # a command-line preset replaces the file's architecture
+        d["model"] = {"preset": preset}
+    for item in overrides or []:
+        set_value(d, item)
+    return from_dict(d)
+
+
+def set_value(d: dict, item: str) -> None:
+    """Apply one ``section.field=value`` override to nested dicts (the value is YAML)."""
+    if "=" not in item:
+        raise DistrecError(f"override {item!r} must look like section.key=value, e.g. model.embedding_dim=64")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node = d
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise DistrecError(f"override {item!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check value ranges and choices; raise DistrecError naming the first bad field."""
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is not None and value not in choices:
+            raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(choices)}")
+    t, m, dc = cfg.train, cfg.model, cfg.data
+    positive = {
+        "train.batch_size": t.batch_size,
+        "train.eval_batch_size": t.eval_batch_size,
+        "train.epochs": t.epochs,
+        "model.embedding_dim": m.embedding_dim,
+        "data.max_ind_range": dc.max_ind_range,
+        "data.chunk_rows": dc.chunk_rows,
+        "data.synthetic.rows": dc.synthetic.rows,
+        "data.synthetic.table_rows": dc.synthetic.table_rows,
+        "data.synthetic.pooling_factor": dc.synthetic.pooling_factor,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise DistrecError(f"{key} is {value}; it must be at least 1")
+    if t.lr <= 0:
+        raise DistrecError(f"train.lr is {t.lr}; it must be positive")
+    if t.max_steps is not None and t.max_steps < 1:
+        raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")
+    for key in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "threads"):
+        if getattr(t, key) < 0:
+            raise DistrecError(f"train.{key} is {getattr(t, key)}; it must be 0 or more")
+    for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
+        if any(w < 1 for w in getattr(m, key)):
+            raise DistrecError(f"model.{key} is {getattr(m, key)}; every layer width must be at least 1")
+    for name, rows in dc.table_sizes.items():
+        if rows < 2:
+            raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
+    if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
+        raise DistrecError(f"--data-format {dc.format} needs --schema FILE naming the label, dense and categorical columns")
+
+
+def save(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from distrec.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,44 @@
+"""Descriptions of embedding tables, shared by the models, the data and the planners."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from distrec.errors import DistrecError
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table, looked up by the sparse feature of the same name.
+
+    Attributes:
+        name: feature and table name, unique in a model.
+        num_rows: rows in the table (the feature's hash size), >= 1.
+        dim: embedding dimension (floats per row), >= 1.
+        multi_hot: whether a sample may carry several indices (a bag) for this feature.
+    """
+
+    name: str
+    num_rows: int
+    dim: int
+    multi_hot: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise DistrecError("a table has an empty name; give every sparse feature a name")
+        if self.num_rows < 1:
+            raise DistrecError(f"table {self.name!r} has {self.num_rows} rows; it needs at least 1")
+        if self.dim < 1:
+            raise DistrecError(f"table {self.name!r} has dimension {self.dim}; it needs at least 1")
+
+    @property
+    def num_bytes(self) -> int:
+        """Size of the float32 weights in bytes."""
+        return self.num_rows * self.dim * 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableConfig:
+        return cls(**d)
