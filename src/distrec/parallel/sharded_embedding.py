@@ -1,0 +1,296 @@
+"""Embedding tables sharded across ranks, looked up through all-to-all exchanges.
+
+Forward, on every rank (TorchRec's sparse data dist -> lookup -> embedding dist):
+
+1. input all-to-all: each rank sends, for every lookup unit (a table-, column- or row-wise
+   shard), the bags of that unit's feature for its own samples to the unit's owner
+   (row-wise units get only the indices inside their row range, shifted to local rows);
+2. lookup: each owner pools all bags it received with one ``embedding_bag`` per shard width
+   over a fused weight of its shards (sparse gradients, like the unsharded module);
+3. output all-to-all: pooled vectors return to the ranks that own the samples, which place
+   column shards side by side and sum row-wise partial sums, giving [B_local, F, D].
+
+Backward runs the output all-to-all in reverse (gradients go to the owners), so owners apply
+ordinary sparse optimizer updates to their shards. Data-parallel tables are replicated and
+looked up locally; :meth:`ShardedEmbeddingBagCollection.sync_replica_grads` averages their
+sparse gradients across ranks before the optimizer step.
+
+Gradient scale: every rank's loss is normalised so that the dense gradients averaged by
+DistributedDataParallel equal the single-process gradients; an owner therefore receives
+``world_size`` times the true gradient and the backward exchange scales it by 1/world_size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.parallel.comm import all_to_all, differentiable_all_to_all
+from distrec.parallel.plan import ShardingPlan
+from distrec.tables import TableConfig
+
+
+@dataclass(frozen=True)
+class LookupUnit:
+    """One block of a table that answers lookups on one rank (a shard of a sharded table)."""
+
+    feature: int
+    table: str
+    rank: int
+    row_start: int
+    row_end: int
+    col_start: int
+    col_end: int
+    row_wise: bool
+
+    @property
+    def width(self) -> int:
+        return self.col_end - self.col_start
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_end - self.row_start
+
+
+def lookup_units(tables: list[TableConfig], plan: ShardingPlan) -> list[LookupUnit]:
+    """Every non-replicated shard of ``plan`` as a LookupUnit, ordered by (rank, feature, rows, cols)."""
+    index = {t.name: i for i, t in enumerate(tables)}
+    units = [
+        LookupUnit(index[p.table], p.table, s.rank, s.row_start, s.row_end, s.col_start, s.col_end, p.sharding == "row_wise")
+        for p in plan.tables
+        if p.sharding != "data_parallel"
+        for s in p.shards
+    ]
+    return sorted(units, key=lambda u: (u.rank, u.feature, u.row_start, u.col_start))
+
+
+@dataclass
+class ExchangeStats:
+    """Bytes and milliseconds of the last forward's exchanges on this rank."""
+
+    input_bytes: int = 0
+    output_bytes: int = 0
+    input_ms: float = 0.0
+    lookup_ms: float = 0.0
+    output_ms: float = 0.0
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """The sharded counterpart of ``distrec.models.embedding.EmbeddingBagCollection``.
+
+    Same contract: ``forward(batch) -> float32 [B_local, F, D]`` for this rank's samples.
+    Build it with :meth:`from_full_weights` from the tables' full initial weights, so that
+    a sharded model starts exactly where the single-process one does.
+    """
+
+    def __init__(self, tables: list[TableConfig], plan: ShardingPlan, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
+        super().__init__()
+        plan.validate(tables)
+        dims = {t.dim for t in tables}
+        if len(dims) != 1:
+            raise DistrecError(f"sharded tables need one embedding dimension, got {sorted(dims)}; set model.embedding_dim for all")
+        self.tables = list(tables)
+        self.dim = dims.pop()
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if plan.world_size != self.world_size:
+            raise DistrecError(f"the sharding plan is for {plan.world_size} ranks but {self.world_size} are running; regenerate the plan or change --nproc-per-node")
+        self.plan = plan
+        self.units = lookup_units(tables, plan)
+        self.units_on: list[list[LookupUnit]] = [[u for u in self.units if u.rank == r] for r in range(self.world_size)]
+        self.local_units = self.units_on[self.rank]
+        # fused local storage, one weight per shard width; unit k lives at rows base[k]..
+        self.widths = sorted({u.width for u in self.local_units})
+        self.unit_group: list[int] = []
+        self.unit_base: list[int] = []
+        group_rows = defaultdict(int)
+        for u in self.local_units:
+            g = self.widths.index(u.width)
+            self.unit_group.append(g)
+            self.unit_base.append(group_rows[g])
+            group_rows[g] += u.num_rows
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.empty(group_rows[g], w, device=device)) for g, w in enumerate(self.widths)]
+        )
+        self.replicated = [i for i, t in enumerate(tables) if plan.placement(t.name).sharding == "data_parallel"]
+        self.replicas = nn.ParameterList([nn.Parameter(torch.empty(tables[i].num_rows, self.dim, device=device)) for i in self.replicated])
+        self.stats = ExchangeStats()
+
+    # --- construction ------------------------------------------------------------------
+    @torch.no_grad()
+    def load_full_weights(self, full: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's blocks out of full tables (name -> [rows, dim])."""
+        for k, u in enumerate(self.local_units):
+            w = self.weights[self.unit_group[k]]
+            base = self.unit_base[k]
+            w[base : base + u.num_rows].copy_(full[u.table][u.row_start : u.row_end, u.col_start : u.col_end])
+        for p, i in zip(self.replicas, self.replicated):
+            p.copy_(full[self.tables[i].name])
+
+    @classmethod
+    def from_full_weights(cls, tables, plan, full, group=None, device=None) -> ShardedEmbeddingBagCollection:
+        module = cls(tables, plan, group, device)
+        module.load_full_weights(full)
+        return module
+
+    def local_blocks(self) -> list[tuple[LookupUnit, torch.Tensor]]:
+        """(unit, view of its rows in the fused weight) for this rank's shards."""
+        return [
+            (u, self.weights[self.unit_group[k]][self.unit_base[k] : self.unit_base[k] + u.num_rows])
+            for k, u in enumerate(self.local_units)
+        ]
+
+    # --- forward ------------------------------------------------------------------------
+    def _send_buffers(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """Per destination rank: bag lengths, indices (local rows) and the index count."""
+        lengths = batch.lengths()
+        per_feature: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        send_lengths, send_values, nnz = [], [], []
+        for units in self.units_on:
+            lens, vals = [], []
+            for u in units:
+                if u.feature not in per_feature:
+                    per_feature[u.feature] = (lengths[u.feature], batch.feature_values(u.feature))
+                f_lens, f_vals = per_feature[u.feature]
+                if u.row_wise:
+                    inside = (f_vals >= u.row_start) & (f_vals < u.row_end)
+                    bag = torch.repeat_interleave(torch.arange(f_lens.numel(), device=f_vals.device), f_lens, output_size=f_vals.numel())
+                    lens.append(torch.zeros_like(f_lens).index_add_(0, bag, inside.to(f_lens.dtype)))
+                    vals.append(f_vals[inside] - u.row_start)
+                else:
+                    lens.append(f_lens)
+                    vals.append(f_vals)
+            send_lengths.append(torch.cat(lens) if lens else lengths.new_zeros(0))
+            send_values.append(torch.cat(vals) if vals else batch.sparse_values.new_zeros(0))
+            nnz.append(int(send_values[-1].numel()))
+        return send_lengths, send_values, nnz
+
+    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:
+        """Pool received bags (ordered source, unit, sample); returns pieces[source][unit] of [B_s, width]."""
+        n_local = len(self.local_units)
+        pieces: list[list[torch.Tensor]] = [[None] * n_local for _ in range(self.world_size)]  # type: ignore[list-item]
+        if n_local == 0:
+            return pieces
+        device = values.device
+        # unit index and source of every received bag
+        unit_of_bag = torch.cat(
+            [torch.arange(n_local, device=device).repeat_interleave(b) for b in source_batch]
+        )
+        base = torch.tensor(self.unit_base, device=device, dtype=values.dtype)
+        group_of_unit = torch.tensor(self.unit_group, device=device)
+        rows = values + torch.repeat_interleave(base[unit_of_bag], lengths, output_size=values.numel())
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        pooled_by_group = []
+        for g, weight in enumerate(self.weights):
+            if len(self.weights) == 1:
+                g_rows, g_offsets = rows, offsets[:-1]
+            else:
+                bag_mask = group_of_unit[unit_of_bag] == g
+                value_mask = torch.repeat_interleave(bag_mask, lengths, output_size=values.numel())
+                g_rows = rows[value_mask]
+                g_lengths = lengths[bag_mask]
+                g_offsets = torch.cumsum(g_lengths, 0) - g_lengths
+            pooled_by_group.append(F.embedding_bag(g_rows, weight, g_offsets, mode="sum", sparse=True))
+        cursor = [0] * len(self.weights)
+        for s, b in enumerate(source_batch):
+            for k in range(n_local):
+                g = self.unit_group[k]
+                pieces[s][k] = pooled_by_group[g][cursor[g] : cursor[g] + b]
+                cursor[g] += b
+        return pieces
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
+        t0 = time.perf_counter()
+        b_local = batch.batch_size
+        send_lengths, send_values, nnz = self._send_buffers(batch)
+        device = batch.sparse_values.device
+        # splits exchange: (batch size, index count) for every pair of ranks
+        counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=device)
+        recv_counts = all_to_all(counts, [1] * self.world_size, [1] * self.world_size, self.group).tolist()
+        source_batch = [int(c[0]) for c in recv_counts]
+        n_local = len(self.local_units)
+        recv_lengths = all_to_all(
+            torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
+        )
+        recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
+        t1 = time.perf_counter()
+        pieces = self._lookup(recv_lengths, recv_values, source_batch)
+        send = [torch.cat([p.reshape(-1) for p in pieces[s]]) if n_local else batch.dense.new_zeros(0) for s in range(self.world_size)]
+        t2 = time.perf_counter()
+        recv = differentiable_all_to_all(
+            torch.cat(send),
+            [b_local * sum(u.width for u in units) for units in self.units_on],
+            [t.numel() for t in send],
+            self.group,
+            grad_scale=1.0 / self.world_size,
+        )
+        t3 = time.perf_counter()
+        out = self._assemble(recv, b_local, batch)
+        self.stats = ExchangeStats(
+            input_bytes=sum(t.numel() for t in send_lengths) * 8 + sum(nnz) * 8 + counts.numel() * 8,
+            output_bytes=sum(t.numel() for t in send) * send[0].element_size() if send else 0,
+            input_ms=(t1 - t0) * 1e3,
+            lookup_ms=(t2 - t1) * 1e3,
+            output_ms=(t3 - t2) * 1e3,
+        )
+        return out
+
+    def _assemble(self, recv: torch.Tensor, b_local: int, batch: Batch) -> torch.Tensor:
+        """Place received blocks (and local replicas) into [B_local, F, D]."""
+        blocks: dict[int, list[tuple[LookupUnit, torch.Tensor]]] = defaultdict(list)
+        pos = 0
+        for units in self.units_on:
+            for u in units:
+                n = b_local * u.width
+                blocks[u.feature].append((u, recv[pos : pos + n].view(b_local, u.width)))
+                pos += n
+        lengths = batch.lengths()
+        for p, i in zip(self.replicas, self.replicated):
+            vals = batch.feature_values(i)
+            offsets = torch.cumsum(lengths[i], 0) - lengths[i]
+            blocks[i].append((None, F.embedding_bag(vals, p, offsets, mode="sum", sparse=True)))
+        features = []
+        for f in range(len(self.tables)):
+            parts = blocks[f]
+            if parts[0][0] is not None and parts[0][0].row_wise:
+                features.append(torch.stack([t for _, t in parts]).sum(0))
+            elif len(parts) == 1:
+                features.append(parts[0][1])
+            else:
+                features.append(torch.cat([t for _, t in sorted(parts, key=lambda x: x[0].col_start)], dim=1))
+        return torch.stack(features, dim=1)
+
+    # --- backward helpers --------------------------------------------------------------
+    def sync_replica_grads(self) -> None:
+        """Average the sparse gradients of data-parallel tables over all ranks (call before stepping)."""
+        for p in self.replicas:
+            if p.grad is None:
+                continue
+            g = p.grad.coalesce()
+            idx, val = g.indices()[0], g.values()
+            sizes = [torch.zeros(1, dtype=torch.int64, device=idx.device) for _ in range(self.world_size)]
+            dist.all_gather(sizes, torch.tensor([idx.numel()], device=idx.device), group=self.group)
+            n_max = int(max(s.item() for s in sizes))
+            pad_idx = torch.zeros(n_max, dtype=idx.dtype, device=idx.device)
+            pad_val = val.new_zeros(n_max, val.shape[1])
+            pad_idx[: idx.numel()] = idx
+            pad_val[: idx.numel()] = val
+            all_idx = [torch.empty_like(pad_idx) for _ in range(self.world_size)]
+            all_val = [torch.empty_like(pad_val) for _ in range(self.world_size)]
+            dist.all_gather(all_idx, pad_idx, group=self.group)
+            dist.all_gather(all_val, pad_val, group=self.group)
+            n = [int(s.item()) for s in sizes]
+            indices = torch.cat([t[:k] for t, k in zip(all_idx, n)])
+            values = torch.cat([t[:k] for t, k in zip(all_val, n)]) / self.world_size
+            p.grad = torch.sparse_coo_tensor(indices.unsqueeze(0), values, p.shape)

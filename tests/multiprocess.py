@@ -1,0 +1,41 @@
+"""Run a test function in N real processes joined by a gloo process group."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Callable
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from distrec.parallel.comm import free_port
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        results[rank] = ("ok", fn(rank, world_size, *args))
+    except BaseException:
+        results[rank] = ("error", traceback.format_exc())
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; return their results.
+
+    ``fn`` must be importable (a module-level function). A failure in any rank fails the
+    caller with that rank's traceback.
+    """
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_worker, args=(world_size, free_port(), fn, args, results), nprocs=world_size, join=True)
+    out = []
+    for rank in range(world_size):
+        status, value = results.get(rank, ("error", "rank produced no result"))
+        if status != "ok":
+            raise AssertionError(f"rank {rank} failed:\n{value}")
+        out.append(value)
+    return out

@@ -1,0 +1,111 @@
+"""The sharded embedding collection equals plain per-table embedding bags (values and grads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.tables import TableConfig
+from multiprocess import run_distributed
+
+TABLES = [TableConfig(f"t{i}", rows, 8, multi_hot=True) for i, rows in enumerate([50, 37, 64, 20, 11])]
+
+
+def _plan(kind: str, world: int) -> ShardingPlan:
+    placements = []
+    for i, t in enumerate(TABLES):
+        k = kind if kind != "mixed" else ["table_wise", "column_wise", "row_wise", "data_parallel", "table_wise"][i]
+        if k == "table_wise":
+            shards = [Shard(i % world, 0, t.num_rows, 0, t.dim)]
+        elif k == "column_wise":
+            cuts = [0, 4, 6, 8] if world > 2 else [0, 4, 8]
+            shards = [Shard((i + j) % world, 0, t.num_rows, a, b) for j, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+        elif k == "row_wise":
+            cuts = [round(t.num_rows * j / world) for j in range(world + 1)]
+            shards = [Shard(j, a, b, 0, t.dim) for j, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+        else:
+            shards = [Shard(r, 0, t.num_rows, 0, t.dim) for r in range(world)]
+        placements.append(TablePlacement(t.name, k, shards))
+    return ShardingPlan(world, placements)
+
+
+def _global_batch(batch_size: int, seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 4, (len(TABLES), batch_size), generator=g)  # includes empty bags
+    values = torch.cat(
+        [torch.randint(0, t.num_rows, (int(lengths[f].sum()),), generator=g) for f, t in enumerate(TABLES)]
+    )
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+    return Batch(torch.randn(batch_size, 3, generator=g), values, offsets, torch.zeros(batch_size))
+
+
+def _full_weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {t.name: torch.randn(t.num_rows, t.dim, generator=g) for t in TABLES}
+
+
+def _reference(batch: Batch, weights: dict[str, torch.Tensor], upstream: torch.Tensor):
+    """Pooled [B, F, D] and full-table gradients of sum(pooled * upstream)."""
+    params = {k: v.clone().requires_grad_() for k, v in weights.items()}
+    lengths = batch.lengths()
+    outs = []
+    for f, t in enumerate(TABLES):
+        offsets = torch.cumsum(lengths[f], 0) - lengths[f]
+        outs.append(F.embedding_bag(batch.feature_values(f), params[t.name], offsets, mode="sum"))
+    pooled = torch.stack(outs, 1)
+    (pooled * upstream).sum().backward()
+    return pooled.detach(), {k: p.grad for k, p in params.items()}
+
+
+def _check_rank(rank: int, world: int, kind: str, batch_size: int) -> None:
+    torch.manual_seed(0)
+    plan = _plan(kind, world)
+    weights = _full_weights()
+    batch = _global_batch(batch_size, seed=3)
+    upstream = torch.randn(batch_size, len(TABLES), 8, generator=torch.Generator().manual_seed(5))
+    ref_out, ref_grads = _reference(batch, weights, upstream)
+
+    module = ShardedEmbeddingBagCollection.from_full_weights(TABLES, plan, weights)
+    per = batch_size // world
+    lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else batch_size
+    out = module(batch.slice(lo, hi))
+    torch.testing.assert_close(out, ref_out[lo:hi], rtol=1e-6, atol=1e-6)
+    (out * upstream[lo:hi]).sum().mul(world).backward()
+    module.sync_replica_grads()
+    for unit, _ in module.local_blocks():
+        k = module.local_units.index(unit)
+        grad = module.weights[module.unit_group[k]].grad.to_dense()
+        base = module.unit_base[k]
+        got = grad[base : base + unit.num_rows]
+        want = ref_grads[unit.table][unit.row_start : unit.row_end, unit.col_start : unit.col_end]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for p, i in zip(module.replicas, module.replicated):
+        torch.testing.assert_close(p.grad.to_dense(), ref_grads[TABLES[i].name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed"])
+def test_two_ranks_match_plain_embedding_bags(kind):
+    run_distributed(_check_rank, 2, kind, 10)
+
+
+def test_four_ranks_mixed_plan_with_uneven_batch():
+    run_distributed(_check_rank, 4, "mixed", 11)
+
+
+def _wrong_world(rank: int, world: int) -> str:
+    try:
+        ShardedEmbeddingBagCollection(TABLES, _plan("table_wise", 3))
+    except DistrecError as e:
+        return str(e)
+    return ""
+
+
+def test_plan_for_another_world_size_is_a_clear_error():
+    messages = run_distributed(_wrong_world, 2)
+    assert all("plan is for 3 ranks but 2 are running" in m for m in messages)
