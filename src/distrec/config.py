@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from distrec.errors import DistrecError
+from distrec.units import parse_bytes
 
 
 @dataclass
@@ -94,12 +95,29 @@ class TrainConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How a multi-process run splits the model (ignored in a single process).
+
+    ``embeddings``: ``sharded`` splits the tables over the ranks by ``plan`` (a ShardingPlan
+    JSON), by one ``sharding`` type for all tables, or by the greedy planner under
+    ``memory_per_rank`` (a size such as '4GB'); ``local`` gives every rank its own full
+    copy of the tables and all-reduces only dense gradients.
+    """
+
+    embeddings: str = "sharded"
+    plan: str | None = None
+    sharding: str | None = None
+    memory_per_rank: str | None = None
+
+
+@dataclass
 class RunConfig:
     """A whole experiment."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 # Architecture presets. Sources: the DLRM reference code's run scripts
@@ -122,6 +140,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.optimizer": ("sgd", "adagrad", "adam"),
     "train.embedding_optimizer": ("sgd", "adagrad", "adam"),
     "train.decay": ("none", "linear", "cosine", "poly"),
+    "parallel.embeddings": ("sharded", "local"),
+    "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
 }
 
 
@@ -291,6 +311,8 @@ def validate(cfg: RunConfig) -> None:
     for name, rows in dc.table_sizes.items():
         if rows < 2:
             raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
+    if cfg.parallel.memory_per_rank is not None:
+        parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
         raise DistrecError(f"--data-format {dc.format} needs --schema FILE naming the label, dense and categorical columns")
 

@@ -49,6 +49,15 @@ def find_checkpoint(path: Path) -> Path:
     raise DistrecError(f"{str(path)!r} holds no checkpoint ({CHECKPOINT_DIR}/{META_FILE} missing); train with --out first")
 
 
+def has_checkpoint(path: Path) -> bool:
+    """Whether ``path`` (a run directory or checkpoint folder) holds a readable checkpoint."""
+    try:
+        find_checkpoint(path)
+    except DistrecError:
+        return False
+    return True
+
+
 def read_meta(checkpoint: Path) -> dict[str, Any]:
     """The JSON metadata of a checkpoint directory."""
     meta = json.loads((Path(checkpoint) / META_FILE).read_text())

@@ -1,0 +1,77 @@
+"""Config loading: defaults, presets, overrides, and one-line errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrec import config
+from distrec.errors import DistrecError
+from distrec.units import parse_bytes
+
+
+def test_defaults_are_the_kaggle_dlrm():
+    cfg = config.load()
+    assert cfg.model.preset == "dlrm-kaggle"
+    assert (cfg.model.embedding_dim, cfg.model.bottom_mlp, cfg.model.top_mlp) == (16, [512, 256, 64], [512, 256])
+
+
+def test_preset_then_overrides(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("model:\n  preset: dlrm-terabyte\n  embedding_dim: 32\ntrain:\n  lr: 0.5\n")
+    cfg = config.load(f, ["train.batch_size=64", "model.top_mlp=[8, 4]"])
+    assert cfg.model.embedding_dim == 32  # explicit field beats the preset
+    assert cfg.model.bottom_mlp == [512, 256]  # from the preset
+    assert cfg.model.top_mlp == [8, 4]
+    assert (cfg.train.lr, cfg.train.batch_size) == (0.5, 64)
+
+
+def test_command_line_preset_replaces_file_architecture(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("model:\n  preset: dlrm-mlperf\n")
+    assert config.load(f, preset="tiny").model.embedding_dim == 8
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = config.load(None, ["train.max_steps=10", "data.table_sizes={C1: 50}"], preset="dcn")
+    config.save(cfg, tmp_path / "config.yaml")
+    again = config.load(tmp_path / "config.yaml")
+    assert config.to_dict(again) == config.to_dict(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.lr=-1"], "train.lr is -1.0; it must be positive"),
+        (["train.batch_size=0"], "train.batch_size is 0; it must be at least 1"),
+        (["train.optimizer=lbfgs"], "train.optimizer is 'lbfgs'; choose one of"),
+        (["train.batch_size=abc"], "config key 'train.batch_size' expects int"),
+        (["train.nope=1"], "unknown config key 'train.nope'"),
+        (["model.top_mlp=[0]"], "every layer width must be at least 1"),
+        (["data.table_sizes={C1: 1}"], "a table needs at least 2 rows"),
+        (["parallel.memory_per_rank=lots"], "is not a size"),
+        (["lr"], "must look like section.key=value"),
+    ],
+)
+def test_bad_values_are_one_line_errors(overrides, message):
+    with pytest.raises(DistrecError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
+        config.load(None, overrides)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_preset_and_missing_file(tmp_path):
+    with pytest.raises(DistrecError, match="unknown preset 'huge'; choose one of: dlrm-kaggle"):
+        config.load(preset="huge")
+    with pytest.raises(DistrecError, match="not found"):
+        config.load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(DistrecError, match="not valid YAML"):
+        config.load(bad)
+
+
+def test_parse_bytes():
+    assert parse_bytes("512MB") == 512 * 10**6
+    assert parse_bytes("1.5GiB") == int(1.5 * 2**30)
+    assert parse_bytes("4096") == 4096
+    with pytest.raises(DistrecError):
+        parse_bytes("12 parsecs")
