@@ -1,0 +1,233 @@
+"""NeuroShard against the sharding heuristics, with every plan executed (the paper's Table 1).
+
+For each (devices, max dimension) setting, sharding tasks are drawn from the synthetic
+DLRM table pool (``distrec.planner.table_pool``: 4 devices take 10-60 tables, 8 devices
+20-120, dims max_dim, max_dim/2, ... >= 4, a scaled 4 GB per device). Every algorithm plans
+every task; a plan that does not fit the memory is a failure. Each plan is then *executed*
+(``distrec.planner.execute``): the real embedding lookups with their backward and update on
+every rank, and the real forward/backward all-to-alls of the pooled outputs across D gloo
+processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls
+(median ms over the timed steps). All plans of a task run back to back, so the ratios compare
+plans executed under the same machine load.
+
+Printed per setting: each algorithm's mean cost over the tasks it solved and its success
+rate; NeuroShard's mean cost over the tasks both solved divided by each baseline's
+(``ratio``, below 1 means NeuroShard is faster; ``best_baseline`` is the baseline with the
+highest ratio, ``best_baseline_ms`` and ``neuroshard_ms_same_tasks`` its and NeuroShard's
+means on their shared tasks); the cost the cost models predicted for NeuroShard's plans
+against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
+beam search, no grid search, no cache: executed cost and search time).
+
+The cost models come from ``--cost-models``, or are collected and trained into ``--out``
+first (resumable). ``--quick`` runs 2 max dims x 8 tasks per device count.
+
+Usage:
+    python benchmarks/sharding.py --quick
+    python benchmarks/sharding.py --cost-models runs/cost_models.pt --tasks 100 --max-dims 4 8 16 32 64 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from distrec.errors import DistrecError
+from distrec.planner.api import plan_tables
+from distrec.planner.collect import run_collect
+from distrec.planner.cost_models import CostModels, train_cost_models
+from distrec.planner.execute import execute_plans
+from distrec.planner.heuristics import HEURISTICS
+from distrec.planner.search import SearchOptions
+from distrec.planner.table_pool import generate_tasks, make_table_pool
+
+ABLATIONS = ("no-beam", "no-grid", "no-cache")
+VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="8 tasks, max dims 16 and 128, fewer cost samples")
+    p.add_argument("--tasks", type=int, default=100, help="tasks per setting")
+    p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per plan (after one warm-up step)")
+    p.add_argument("--cost-models", type=Path, help="trained cost models; collected and trained into --out if absent")
+    p.add_argument("--compute-samples", type=int, default=2000)
+    p.add_argument("--comm-samples", type=int, default=500)
+    p.add_argument("--out", type=Path, default=Path("runs/sharding"), help="folder for cost data, models, results, figure")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.quick:
+        args.tasks, args.max_dims, args.compute_samples, args.comm_samples = 8, [16, 128], 800, 250
+    return args
+
+
+def cost_models(args: argparse.Namespace) -> CostModels:
+    """Load the given models, or collect micro-benchmarks and train them into ``--out``."""
+    if args.cost_models is not None:
+        models = CostModels.load(args.cost_models)
+    else:
+        data = args.out / "costs.jsonl"
+        for devices in args.devices:
+            run_collect(data, args.compute_samples, args.comm_samples, devices, batch_size=args.batch_size, seed=args.seed)
+        models = train_cost_models(data, args.out / "cost_models.pt", seed=args.seed)
+    if models.batch_size != args.batch_size:
+        sys.exit(f"the cost models were measured with batch size {models.batch_size}; run with --batch-size {models.batch_size}")
+    return models
+
+
+def plan_task(task, models: CostModels, seed: int) -> dict[str, dict]:
+    """Every variant's plan of one task: {"plan", "report"} or {"error"}."""
+    out = {}
+    for variant in VARIANTS:
+        algorithm, _, ablation = variant.partition("-") if variant.startswith("neuroshard") else (variant, "", "")
+        options = SearchOptions.ablation(ablation) if ablation else None
+        try:
+            plan, report = plan_tables(task.tables, task.num_devices, task.memory_per_device, models, algorithm, seed=seed, options=options)
+            out[variant] = {"plan": plan, "report": report}
+        except DistrecError as e:
+            out[variant] = {"error": str(e)}
+    return out
+
+
+def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> tuple[dict, list[tuple[float, float]]]:
+    """Plan and execute every task of one setting; return its summary and (predicted, real) pairs."""
+    tasks = generate_tasks(pool, args.tasks, devices, max_dim, seed=args.seed * 1000 + devices * 200 + max_dim)
+    planned = [plan_task(t, models, args.seed + i) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
+    jobs = [(i, v) for i in range(len(tasks)) for v in VARIANTS if "plan" in planned[i][v] and v != "neuroshard-no-cache"]
+    costs = execute_plans(
+        [(planned[i][v]["plan"], tasks[i].tables) for i, v in jobs], args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True
+    )
+    real = {(i, v): max(c["total"]) for (i, v), c in zip(jobs, costs)}
+    for i in range(len(tasks)):  # the cache changes search time, never the plan
+        if "plan" in planned[i]["neuroshard-no-cache"]:
+            assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard"]["plan"].to_dict()
+            real[(i, "neuroshard-no-cache")] = real[(i, "neuroshard")]
+    solved = {v: [i for i in range(len(tasks)) if (i, v) in real] for v in VARIANTS}
+
+    def mean_cost(variant: str, on: list[int]) -> float | None:
+        return statistics.fmean(real[(i, variant)] for i in on) if on else None
+
+    algorithms = {
+        v: {
+            "mean_ms": mean_cost(v, solved[v]),
+            "success": len(solved[v]) / len(tasks),
+            "search_time_s": statistics.fmean(planned[i][v]["report"]["search_time_s"] for i in solved[v]) if solved[v] else None,
+        }
+        for v in VARIANTS
+    }
+    shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in HEURISTICS}
+    for b in HEURISTICS:  # NeuroShard over the baseline on the tasks both solved
+        algorithms[b]["ratio"] = mean_cost("neuroshard", shared[b]) / mean_cost(b, shared[b]) if shared[b] else None
+    rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
+    strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the hardest to beat
+    pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
+    summary = {
+        "devices": devices,
+        "max_dim": max_dim,
+        "tasks": len(tasks),
+        "neuroshard_ms": algorithms["neuroshard"]["mean_ms"],
+        "neuroshard_success": algorithms["neuroshard"]["success"],
+        "best_baseline": strongest,
+        "best_baseline_ms": mean_cost(strongest, shared[strongest]) if strongest else None,
+        "neuroshard_ms_same_tasks": mean_cost("neuroshard", shared[strongest]) if strongest else None,
+        "ratio_vs_best_baseline": algorithms[strongest]["ratio"] if strongest else None,
+        "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
+        "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
+        "algorithms": algorithms,
+    }
+    return summary, pairs
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_table(settings: list[dict]) -> str:
+    """One row per setting: mean executed ms (success rate) of each algorithm over the tasks it
+    solved, NeuroShard over its strongest rival on the tasks both solved, the ablations."""
+    head = [
+        "devices",
+        "max dim",
+        *VARIANTS[: 1 + len(HEURISTICS)],
+        "NeuroShard / strongest baseline (shared tasks)",
+        "ablations ms (no beam / no grid)",
+        "search s (full / no beam / no grid / no cache)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in settings:
+        a = s["algorithms"]
+        cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
+        ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
+        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
+        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", *(f"neuroshard-{x}" for x in ABLATIONS)))
+        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def save_figure(pairs: list[tuple[float, float]], path: Path) -> None:
+    """Predicted against executed cost of NeuroShard's plans (the paper's Fig. 8 left)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    predicted, executed = np.array(pairs).T
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.scatter(executed, predicted, s=10)
+    top = max(executed.max(), predicted.max()) * 1.05
+    ax.plot([0, top], [0, top], color="grey", linewidth=1)
+    ax.set(xlabel="executed cost (ms)", ylabel="predicted cost (ms)", title="NeuroShard plans: simulated vs real", xlim=(0, top), ylim=(0, top))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    models = cost_models(args)
+    pool = make_table_pool(args.seed)
+    settings, pairs = [], []
+    for devices in args.devices:
+        for max_dim in args.max_dims:
+            summary, setting_pairs = run_setting(devices, max_dim, args, models, pool)
+            settings.append(summary)
+            pairs += setting_pairs
+            a = summary["algorithms"]
+            print(
+                f"D={devices} max_dim={max_dim}: "
+                + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
+                + f"; NeuroShard/baseline on shared tasks: "
+                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS),
+                flush=True,
+            )
+    predicted, executed = np.array(pairs).T if pairs else (np.zeros(0), np.zeros(0))
+    result = {
+        "settings": settings,
+        "predicted_vs_real_pearson": float(np.corrcoef(predicted, executed)[0, 1]) if len(pairs) > 2 else None,
+        "cost_model_metrics": {k: v["test_mse"] for k, v in models.metrics.items()},
+        "hardware": models.hardware,
+        "batch_size": args.batch_size,
+        "seconds": time.perf_counter() - start,
+        "command": " ".join(["python", *sys.argv]),
+    }
+    if pairs:
+        save_figure(pairs, args.out / "predicted_vs_real.png")
+    (args.out / "table.md").write_text(markdown_table(settings))
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown_table(settings))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

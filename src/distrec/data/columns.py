@@ -1,0 +1,151 @@
+"""Vectorised conversions of Arrow columns to NumPy: numbers, hex hashes, hashed strings, bags.
+
+Every function works on whole columns (Arrow kernels or NumPy over the Arrow buffers);
+none loops over rows in Python. Raw ids follow ``distrec.data.source``: 0 is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from distrec.errors import DistrecError
+
+# Accepted spellings when a fast Arrow cast fails and rows must be checked one by one
+# (in a vectorised regex): at most 18 digits so the value fits in int64.
+_INTEGER = r"^[-+]?\d{1,18}$"
+_FLOAT = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^[-+]?(?i:nan|inf|infinity)$"
+
+# Hex digit value of every byte, 255 for bytes that are not hex digits.
+_HEX_VALUE = np.full(256, 255, np.uint8)
+for _digits, _base in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
+    _HEX_VALUE[np.frombuffer(_digits, np.uint8)] = np.arange(len(_digits), dtype=np.uint8) + _base
+# At most 15 hex digits, so that value + 1 fits in a non-negative int64.
+_MAX_HEX_DIGITS = 15
+
+# 64-bit FNV-1a (Fowler, Noll, Vo; http://www.isthe.com/chongo/tech/comp/fnv/).
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Zero-copy views of a string or binary column.
+
+    Returns (starts int64 [n], lengths int64 [n], data uint8 [bytes]): value i is
+    ``data[starts[i]:starts[i] + lengths[i]]``; nulls have length 0.
+    """
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type)
+            or pa.types.is_large_binary(arr.type)):
+        raise TypeError(f"expected a string or binary column, got {arr.type}")
+    _, offsets_buf, data_buf = arr.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32
+    n = len(arr)
+    offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1]
+    lengths = np.diff(offsets)
+    if arr.null_count:
+        lengths[np.asarray(arr.is_null())] = 0
+    return starts, lengths, data
+
+
+def _digit_matrix(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray, width: int) -> np.ndarray:
+    """The bytes of values of 1..width bytes as a matrix [n, width], right-aligned, zero-padded.
+
+    Values of exactly ``width`` bytes stored back to back (Criteo's hashes) are a zero-copy
+    reshape of the data buffer; other layouts are gathered.
+    """
+    n = starts.shape[0]
+    if n and (lengths == width).all() and starts[-1] - starts[0] == (n - 1) * width:
+        return data[starts[0] : starts[0] + n * width].reshape(n, width)
+    pos = starts[:, None] + np.arange(width) - (width - lengths[:, None])
+    digits = data[np.clip(pos, 0, max(data.size - 1, 0))] if data.size else np.zeros(pos.shape, np.uint8)
+    digits[pos < starts[:, None]] = ord("0")
+    return digits
+
+
+def parse_hex(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Hex strings (e.g. Criteo's ``68fd1e64``) to raw ids ``value + 1``; null or empty -> 0.
+
+    Returns (raw int64 [n], bad bool [n]) where ``bad`` marks values that are not 1 to 15
+    hex digits (their raw id is 0).
+    """
+    starts, lengths, data = string_buffers(arr)
+    raw = np.zeros(len(arr), np.int64)
+    bad = lengths > _MAX_HEX_DIGITS
+    present = np.flatnonzero((lengths > 0) & ~bad)
+    if present.size == 0:
+        return raw, bad
+    width = int(lengths[present].max())
+    nibbles = _HEX_VALUE[_digit_matrix(starts[present], lengths[present], data, width)]
+    value = np.zeros(present.size, np.int64)
+    for k in range(width):
+        value <<= 4
+        value |= nibbles[:, k]
+    not_hex = (nibbles == 255).any(axis=1)
+    bad[present[not_hex]] = True
+    raw[present] = np.where(not_hex, 0, value + 1)
+    return raw, bad
+
+
+def hash_strings(arr: pa.Array) -> np.ndarray:
+    """Deterministic 62-bit hashes (FNV-1a) of strings as raw ids >= 1; null or empty -> 0.
+
+    Non-string columns are first cast to strings, so ``7`` and ``"7"`` hash alike.
+    Returns int64 [n].
+    """
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_binary(arr.type)):
+        arr = pc.cast(arr, pa.string())
+    starts, lengths, data = string_buffers(arr)
+    h = np.full(len(arr), _FNV_OFFSET, np.uint64)
+    last = max(data.size - 1, 0)
+    for k in range(int(lengths.max(initial=0))):
+        active = lengths > k
+        byte = data[np.minimum(starts + k, last)] if data.size else np.zeros(len(arr), np.uint8)
+        h = np.where(active, (h ^ byte) * _FNV_PRIME, h)
+    return np.where(lengths > 0, (h >> np.uint64(2)).astype(np.int64) + 1, 0)
+
+
+def parse_numbers(arr: pa.Array, integer: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A numeric, boolean or text column as float64 values (NaN where missing).
+
+    Text is parsed as integers when ``integer`` is set, else as decimals; empty text is
+    missing. Returns (values float64 [n], bad bool [n]) where ``bad`` marks text that is
+    not a number of that kind.
+    """
+    n = len(arr)
+    bad = np.zeros(n, bool)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        target = pa.int64() if integer else pa.float64()
+        try:
+            arr = pc.cast(arr, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            # slow path, only for batches holding a bad value: find the bad rows
+            text = pc.utf8_trim_whitespace(arr)
+            text = pc.if_else(pc.equal(text, ""), pa.scalar(None, text.type), text)
+            ok = pc.match_substring_regex(text, _INTEGER if integer else _FLOAT).fill_null(True)
+            bad = ~np.asarray(ok)
+            arr = pc.cast(pc.if_else(ok, text, pa.scalar(None, text.type)), target)
+    elif not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)):
+        raise DistrecError(f"a numeric column has type {arr.type}; use a number column for dense values and labels")
+    values = pc.cast(arr, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    return np.asarray(values, np.float64), bad
+
+
+def bags(arr: pa.Array, separator: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """A multi-valued categorical column as hashed bags (values int64 [nnz], lengths int32 [n]).
+
+    ``arr`` is a list column, or text split at ``separator``. Empty items are dropped and a
+    null cell is an empty bag.
+    """
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            arr = pc.cast(arr, pa.string())
+        arr = pc.split_pattern(arr, separator)
+    n = len(arr)
+    counts = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    items = hash_strings(pc.list_flatten(arr))
+    owner = np.repeat(np.arange(n), counts)
+    keep = items != 0
+    return items[keep], np.bincount(owner[keep], minlength=n).astype(np.int32)

@@ -1,0 +1,128 @@
+"""The Criteo Kaggle / Terabyte click logs: raw TSV (or .gz), read and written.
+
+A line is ``label, I1..I13, C1..C26`` separated by tabs, without a header: the label is 0
+or 1, the I columns are integer counts (possibly empty or negative), the C columns are
+32-bit hashes as 8 hex digits (possibly empty). Dense features are ``log(1 + max(x, 0))``
+with missing = 0, as in the DLRM reference preprocessing; a hash ``h`` becomes raw id
+``h + 1`` (0 stays "missing").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from distrec.data.columns import parse_hex, parse_numbers
+from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, existing_path, single_hot
+from distrec.data.textfile import CsvStream
+from distrec.errors import DistrecError
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+LABEL = "label"
+DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
+SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
+COLUMNS = [LABEL, *DENSE_NAMES, *SPARSE_NAMES]
+# Raw ids written as 8 hex digits must stay below 2**32 + 1.
+_MAX_RAW_ID = 1 << 32
+
+
+def read_criteo(path: str | Path, chunk_rows: int = 262_144, strict: bool = False) -> Source:
+    """Stream a Criteo TSV (plain or .gz) as chunks of at most ``chunk_rows`` rows.
+
+    Rows with the wrong column count, a non-integer label or count, a label other than 0/1,
+    or a categorical value that is not hex are skipped and counted; with ``strict`` the
+    first one raises a DistrecError naming the file and line.
+    """
+    path = existing_path(path)
+    malformed = MalformedRows(path, strict)
+    stream = CsvStream(path, "\t", False, malformed, chunk_rows, column_names=COLUMNS, text_columns=COLUMNS)
+    return Source(
+        description={"format": "criteo", "path": str(path)},
+        label=LABEL,
+        dense=list(DENSE_NAMES),
+        features=[SparseFeature(name) for name in SPARSE_NAMES],
+        chunks=_chunks(stream),
+        malformed=malformed,
+    )
+
+
+def _chunks(stream: CsvStream) -> Iterator[Chunk]:
+    for batch, first in stream:
+        check = RowCheck(batch.num_rows)
+        label, bad = parse_numbers(batch.column(0), integer=True)
+        check.flag(bad, "the label is not an integer")
+        check.flag(~np.isin(label, (0.0, 1.0)), "the label is missing or not 0/1")
+        dense = np.empty((batch.num_rows, NUM_DENSE), np.float32)
+        for j in range(NUM_DENSE):
+            values, bad = parse_numbers(batch.column(1 + j), integer=True)
+            check.flag(bad, f"{DENSE_NAMES[j]} is not an integer")
+            dense[:, j] = np.log1p(np.maximum(np.nan_to_num(values, nan=0.0), 0.0))
+        raw = np.empty((NUM_SPARSE, batch.num_rows), np.int64)
+        for f in range(NUM_SPARSE):
+            raw[f], bad = parse_hex(batch.column(1 + NUM_DENSE + f))
+            check.flag(bad, f"{SPARSE_NAMES[f]} is not a hex hash")
+        keep = check.report(stream.malformed, lambda rows: stream.line_numbers(first + rows))
+        if keep.size == batch.num_rows:
+            keep = slice(None)
+        yield Chunk(dense[keep], label[keep].astype(np.float32), [single_hot(raw[f][keep]) for f in range(NUM_SPARSE)])
+
+
+class CriteoWriter:
+    """Writes chunks as Criteo TSV lines, gzip-compressed if ``gzip`` (default: a ``.gz`` path).
+
+    Dense values are written back as the integer counts they encode (``exp(x) - 1``,
+    rounded), raw ids as the 8-hex-digit hash ``raw - 1``; reading the file with
+    :func:`read_criteo` gives the same chunk back.
+    """
+
+    def __init__(self, path: str | Path, gzip: bool | None = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if gzip is None:
+            gzip = path.suffix == ".gz"
+        self._sink = pa.CompressedOutputStream(str(path), "gzip") if gzip else pa.OSFile(str(path), "wb")
+        self._options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+
+    def write(self, chunk: Chunk) -> None:
+        if chunk.dense.shape[1] != NUM_DENSE or len(chunk.sparse) != NUM_SPARSE:
+            raise DistrecError(
+                f"a Criteo file holds {NUM_DENSE} dense and {NUM_SPARSE} categorical features, not "
+                f"{chunk.dense.shape[1]} and {len(chunk.sparse)}; set synthetic.num_dense=13 and num_sparse=26"
+            )
+        columns = [pa.array(chunk.labels.astype(np.int8))]
+        counts = np.rint(np.expm1(chunk.dense.astype(np.float64))).astype(np.int64)
+        columns += [pa.array(counts[:, j]) for j in range(NUM_DENSE)]
+        for values, lengths in chunk.sparse:
+            if values.shape[0] != chunk.num_rows or np.any(lengths != 1):
+                raise DistrecError("a Criteo file holds one value per categorical feature; set synthetic.pooling_factor=1")
+            columns.append(_hex_column(values))
+        pacsv.write_csv(pa.Table.from_arrays(columns, names=COLUMNS), self._sink, self._options)
+
+    def close(self) -> None:
+        self._sink.close()
+
+    def __enter__(self) -> CriteoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _hex_column(raw: np.ndarray) -> pa.Array:
+    """Raw ids as 8-hex-digit strings of ``raw - 1`` (empty where raw is 0), built from buffers."""
+    if raw.size and (raw.min() < 0 or raw.max() > _MAX_RAW_ID):
+        raise DistrecError(f"raw ids up to {int(raw.max())} do not fit 8 hex digits; use at most {_MAX_RAW_ID} table rows")
+    present = raw > 0
+    value = (raw - 1).astype(np.uint64)
+    shifts = np.arange(28, -1, -4, dtype=np.uint64)
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)[(value[:, None] >> shifts) & np.uint64(15)]
+    lengths = np.where(present, 8, 0)
+    offsets = np.zeros(raw.size + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    data = digits[present].tobytes()
+    return pa.Array.from_buffers(pa.string(), raw.size, [None, pa.py_buffer(offsets), pa.py_buffer(data)])

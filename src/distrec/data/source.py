@@ -1,0 +1,196 @@
+"""What every data source yields: chunks of parsed rows, their feature layout, skipped rows.
+
+Raw categorical values are non-negative int64 *raw ids*: 0 means missing, >= 1 a present
+value (a hash or an id). Sources never know table sizes; ``distrec.data.dataset`` maps raw
+ids to table rows at batch time, so a prepared cache serves any ``max_ind_range``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from distrec.errors import DistrecError
+
+# How many malformed rows are reported by line number ("the first few").
+REPORTED_MALFORMED_ROWS = 5
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """One categorical feature of a data set.
+
+    Attributes:
+        name: feature name (also the name of its embedding table).
+        multi_hot: whether a row may carry a bag of several values (else exactly one).
+        id_bound: exclusive upper bound on the raw ids when they are small integer ids
+            (a table of ``id_bound`` rows then maps them one to one), or None for hashes.
+    """
+
+    name: str
+    multi_hot: bool = False
+    id_bound: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "multi_hot": self.multi_hot, "id_bound": self.id_bound}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SparseFeature:
+        return cls(str(d["name"]), bool(d["multi_hot"]), None if d["id_bound"] is None else int(d["id_bound"]))
+
+
+@dataclass
+class Chunk:
+    """A block of parsed rows.
+
+    Attributes:
+        dense: float32 [n, n_dense] dense features.
+        labels: float32 [n] labels in {0, 1}.
+        sparse: per feature (in the source's feature order) a pair (values int64 [nnz] raw
+            ids, lengths int32 [n] bag sizes); a single-hot feature has every length 1.
+    """
+
+    dense: np.ndarray
+    labels: np.ndarray
+    sparse: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+    @staticmethod
+    def concat(chunks: list[Chunk], num_dense: int, num_features: int) -> Chunk:
+        """All rows of ``chunks`` in order (an empty chunk of that shape if there are none)."""
+        if not chunks:
+            empty = (np.zeros(0, np.int64), np.zeros(0, np.int32))
+            return Chunk(np.zeros((0, num_dense), np.float32), np.zeros(0, np.float32), [empty] * num_features)
+        sparse = [
+            (np.concatenate([c.sparse[f][0] for c in chunks]), np.concatenate([c.sparse[f][1] for c in chunks]))
+            for f in range(num_features)
+        ]
+        return Chunk(np.concatenate([c.dense for c in chunks]), np.concatenate([c.labels for c in chunks]), sparse)
+
+
+def single_hot(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (values, lengths) pair of a single-hot feature with raw ids ``raw`` (int64 [n])."""
+    return raw, np.ones(raw.shape[0], np.int32)
+
+
+def gather_bags(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bags of ``rows`` from a jagged column (values [nnz], offsets int64 [N + 1]).
+
+    Returns the concatenated values of the selected bags, in the order of ``rows``, and
+    their lengths (int64 [len(rows)]). Vectorised: no Python loop over rows.
+    """
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    ends_out = np.cumsum(lengths)
+    total = int(ends_out[-1]) if len(ends_out) else 0
+    # each output position i of bag b reads values[starts[b] + (i - start of b in the output)]
+    shift = np.repeat(starts - (ends_out - lengths), lengths)
+    return values[shift + np.arange(total)], lengths
+
+
+class MalformedRows:
+    """Rows of one input skipped as malformed: their count and the first few, with reasons.
+
+    With ``strict``, :meth:`raise_if_strict` turns the first malformed row into a
+    DistrecError naming the file and line.
+    """
+
+    def __init__(self, path: str | Path, strict: bool = False, unit: str = "line") -> None:
+        self.path = str(path)
+        self.strict = strict
+        self.unit = unit
+        self.count = 0
+        self.first: list[tuple[int, str]] = []  # (line, reason), sorted, the smallest lines
+
+    def add(self, lines: np.ndarray | list[int], reason: str) -> None:
+        """Record malformed rows at ``lines`` (1-based line or row numbers)."""
+        lines = np.asarray(lines, np.int64)
+        if lines.size == 0:
+            return
+        self.count += int(lines.size)
+        smallest = np.sort(lines)[:REPORTED_MALFORMED_ROWS]
+        self.first = sorted(self.first + [(int(n), reason) for n in smallest])[:REPORTED_MALFORMED_ROWS]
+
+    def raise_if_strict(self) -> None:
+        if self.strict and self.count:
+            line, reason = self.first[0]
+            raise DistrecError(f"{self.path}: {self.unit} {line}: {reason}; fix the row or drop --strict to skip malformed rows")
+
+    def summary(self) -> str:
+        """One line: how many rows were skipped and where the first ones are."""
+        where = ", ".join(f"{self.unit} {n} ({reason})" for n, reason in self.first)
+        return f"{self.path}: skipped {self.count} malformed row(s); first at {where}"
+
+    def to_manifest(self) -> dict:
+        """The manifest entries: ``malformed_rows`` (count), ``malformed_lines`` (the first few), ..."""
+        return {
+            "malformed_rows": self.count,
+            "malformed_lines": [n for n, _ in self.first],
+            "malformed_reasons": [r for _, r in self.first],
+            "malformed_file": self.path,
+            "malformed_unit": self.unit,
+        }
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, strict: bool = False) -> MalformedRows:
+        rows = cls(manifest["malformed_file"], strict, manifest["malformed_unit"])
+        rows.count = int(manifest["malformed_rows"])
+        rows.first = list(zip(manifest["malformed_lines"], manifest["malformed_reasons"]))
+        return rows
+
+
+class RowCheck:
+    """The malformed rows of one batch, each flagged with the first reason found."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.bad = np.zeros(num_rows, bool)
+        self._reasons: list[tuple[np.ndarray, str]] = []
+
+    def flag(self, mask: np.ndarray, reason: str) -> None:
+        new = mask & ~self.bad
+        if new.any():
+            self._reasons.append((np.flatnonzero(new), reason))
+            self.bad |= new
+
+    def report(self, malformed: MalformedRows, line_numbers: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Record the flagged rows in ``malformed`` and return the indices of the good rows.
+
+        ``line_numbers`` maps row indices of this batch to 1-based line numbers.
+        """
+        for rows, reason in self._reasons:
+            malformed.add(line_numbers(rows), reason)
+        malformed.raise_if_strict()
+        return np.flatnonzero(~self.bad)
+
+
+@dataclass
+class Source:
+    """A parsed input: its layout and a one-shot stream of chunks.
+
+    ``malformed`` is complete once ``chunks`` is exhausted. ``num_rows`` is the row count
+    when known in advance (for a progress bar's total), else None.
+    """
+
+    description: dict
+    label: str
+    dense: list[str]
+    features: list[SparseFeature]
+    chunks: Iterator[Chunk]
+    malformed: MalformedRows
+    num_rows: int | None = None
+
+
+def existing_path(path: str | Path, what: str = "data", kind: str = "file") -> Path:
+    """``path`` made absolute, or a DistrecError if there is no such file (or directory)."""
+    p = Path(path).expanduser().resolve()
+    ok = p.is_dir() if kind == "directory" else p.is_file()
+    if not ok:
+        flag = "--schema" if what == "schema" else "--data"
+        raise DistrecError(f"{what} {kind} {str(path)!r} not found; check {flag}")
+    return p

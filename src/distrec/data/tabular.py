@@ -1,0 +1,202 @@
+"""User data as CSV or Parquet, described by a small YAML schema.
+
+Example schema::
+
+    label: rating          # the label column
+    threshold: 4           # optional: label = value >= threshold (else the column is 0/1)
+    dense: [age, price]    # numeric columns; missing = 0
+    categorical:           # hashed columns; a separator makes a multi-valued column
+      - user_id
+      - {name: genres, separator: "|"}
+    delimiter: ","         # CSV only (default ",")
+    header: true           # CSV only; with false, list the names under `columns:`
+
+Categorical values are hashed (64-bit FNV-1a of their text) to raw ids >= 1; empty = 0. A
+Parquet list column is multi-valued without a separator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from distrec.data.columns import bags, hash_strings, parse_numbers
+from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, existing_path, single_hot
+from distrec.data.textfile import CsvStream, read_header
+from distrec.errors import DistrecError
+
+_SCHEMA_KEYS = ("label", "threshold", "dense", "categorical", "delimiter", "header", "columns")
+
+
+@dataclass(frozen=True)
+class CategoricalColumn:
+    """A categorical column; ``separator`` splits a multi-valued text cell into a bag."""
+
+    name: str
+    separator: str | None = None
+
+
+@dataclass(frozen=True)
+class TabularSchema:
+    """Which columns of a CSV or Parquet file are the label, dense and categorical features."""
+
+    label: str
+    threshold: float | None = None
+    dense: tuple[str, ...] = ()
+    categorical: tuple[CategoricalColumn, ...] = ()
+    delimiter: str = ","
+    header: bool = True
+    columns: tuple[str, ...] | None = None
+
+    @property
+    def used_columns(self) -> list[str]:
+        return list(dict.fromkeys([self.label, *self.dense, *(c.name for c in self.categorical)]))
+
+
+def load_schema(path: str | Path) -> TabularSchema:
+    """Read and validate a YAML schema file; every problem is a one-line DistrecError."""
+    path = existing_path(path, what="schema")
+    try:
+        d = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DistrecError(f"schema {path} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+
+    def fail(problem: str) -> DistrecError:
+        return DistrecError(f"schema {path}: {problem}; see distrec.data.tabular for an example schema")
+
+    if not isinstance(d, dict):
+        raise fail("it must be a mapping with at least a `label:` key")
+    unknown = sorted(set(d) - set(_SCHEMA_KEYS))
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r} (known keys: {', '.join(_SCHEMA_KEYS)})")
+    if not isinstance(d.get("label"), str) or not d["label"]:
+        raise fail("`label:` must name the label column")
+
+    def names(key: str) -> tuple[str, ...]:
+        value = d.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise fail(f"`{key}:` must be a list of column names")
+        return tuple(value)
+
+    categorical = []
+    for entry in d.get("categorical") or []:
+        if isinstance(entry, str) and entry:
+            categorical.append(CategoricalColumn(entry))
+        elif isinstance(entry, dict) and isinstance(entry.get("name"), str) and set(entry) <= {"name", "separator"}:
+            separator = entry.get("separator")
+            if separator is not None and (not isinstance(separator, str) or not separator):
+                raise fail(f"the separator of {entry['name']!r} must be a non-empty string")
+            categorical.append(CategoricalColumn(entry["name"], separator))
+        else:
+            raise fail(f"categorical entry {entry!r} must be a column name or {{name: ..., separator: ...}}")
+    threshold = d.get("threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+        raise fail(f"`threshold:` must be a number, not {threshold!r}")
+    delimiter = d.get("delimiter", ",")
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise fail(f"`delimiter:` must be one character, not {delimiter!r}")
+    header = d.get("header", True)
+    if not isinstance(header, bool):
+        raise fail(f"`header:` must be true or false, not {header!r}")
+    columns = names("columns") if "columns" in d else None
+    if not header and not columns:
+        raise fail("a file without a header needs `columns:` listing the column names in order")
+    schema = TabularSchema(d["label"], None if threshold is None else float(threshold), names("dense"),
+                           tuple(categorical), delimiter, header, columns)
+    if not schema.dense and not schema.categorical:
+        raise fail("name at least one `dense:` or `categorical:` column")
+    named = [schema.label, *schema.dense, *(c.name for c in schema.categorical)]
+    duplicated = [c for c in named if named.count(c) > 1]
+    if duplicated:
+        raise fail(f"column {duplicated[0]!r} is used twice")
+    return schema
+
+
+def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows: int = 262_144,
+                 strict: bool = False) -> Source:
+    """Stream a CSV (plain or .gz) or Parquet file as chunks of at most ``chunk_rows`` rows.
+
+    Rows with a missing or non-numeric label, a label that is not 0/1 (without a
+    threshold), a non-numeric dense value, or (CSV) the wrong column count are skipped and
+    counted; with ``strict`` the first one raises a DistrecError.
+    """
+    schema = load_schema(schema_path)
+    path = existing_path(path)
+    if fmt == "csv":
+        malformed = MalformedRows(path, strict)
+        names = list(schema.columns) if not schema.header else read_header(path, schema.delimiter)
+        _check_columns(schema, names, path, schema_path)
+        stream = CsvStream(path, schema.delimiter, True, malformed, chunk_rows,
+                           column_names=None if schema.header else list(schema.columns),
+                           include=schema.used_columns, text_columns=schema.used_columns)
+        batches = ((batch, lambda rows, first=first: stream.line_numbers(first + rows)) for batch, first in stream)
+        list_columns: set[str] = set()
+    elif fmt == "parquet":
+        malformed = MalformedRows(path, strict, unit="row")
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DistrecError(f"cannot read {path} as Parquet ({str(e).splitlines()[0]}); check --data-format") from None
+        arrow_schema = parquet.schema_arrow
+        _check_columns(schema, arrow_schema.names, path, schema_path)
+        batches = _parquet_batches(parquet, schema.used_columns, chunk_rows)
+        list_columns = {c.name for c in schema.categorical
+                        if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)}
+    else:
+        raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
+    features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns)
+                for c in schema.categorical]
+    return Source(
+        description={"format": fmt, "path": str(path), "schema": str(Path(schema_path).resolve())},
+        label=schema.label,
+        dense=list(schema.dense),
+        features=features,
+        chunks=_chunks(batches, schema, features, malformed),
+        malformed=malformed,
+    )
+
+
+def _check_columns(schema: TabularSchema, names: list[str], path: Path, schema_path: str | Path) -> None:
+    missing = [c for c in schema.used_columns if c not in names]
+    if missing:
+        shown = ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
+        raise DistrecError(f"schema {schema_path} names column {missing[0]!r}, which is not in {path} (columns: {shown}); fix the schema")
+
+
+def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], chunk_rows: int):
+    first = 0
+    for batch in parquet.iter_batches(batch_size=chunk_rows, columns=columns):
+        yield batch, lambda rows, first=first: first + rows + 1
+        first += batch.num_rows
+
+
+def _chunks(batches, schema: TabularSchema, features: list[SparseFeature], malformed: MalformedRows) -> Iterator[Chunk]:
+    for batch, line_numbers in batches:
+        check = RowCheck(batch.num_rows)
+        value, bad = parse_numbers(batch.column(schema.label))
+        check.flag(bad | np.isnan(value), f"the label {schema.label!r} is missing or not a number")
+        if schema.threshold is not None:
+            label = value >= schema.threshold
+        else:
+            label = value == 1.0
+            check.flag(~np.isnan(value) & ~np.isin(value, (0.0, 1.0)),
+                       f"the label {schema.label!r} is not 0 or 1 (set `threshold:` in the schema for a rating)")
+        dense = np.empty((batch.num_rows, len(schema.dense)), np.float32)
+        for j, name in enumerate(schema.dense):
+            values, bad = parse_numbers(batch.column(name))
+            check.flag(bad, f"{name!r} is not a number")
+            dense[:, j] = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        keep = check.report(malformed, line_numbers)
+        if keep.size < batch.num_rows:
+            batch = batch.take(pa.array(keep))
+        sparse = [
+            bags(batch.column(c.name), c.separator) if f.multi_hot else single_hot(hash_strings(batch.column(c.name)))
+            for c, f in zip(schema.categorical, features)
+        ]
+        yield Chunk(dense[keep], label[keep].astype(np.float32), sparse)

@@ -1,0 +1,125 @@
+"""Streaming a delimited text file (plain or .gz) in bounded memory, keeping line numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from distrec.data.source import MalformedRows
+from distrec.errors import DistrecError
+
+# Bytes of text read per parse block for each row wanted in a chunk (rows are split
+# further when a block holds more than a chunk); the floor keeps any one line inside a block.
+_BYTES_PER_ROW = 256
+_MIN_BLOCK_BYTES = 1 << 20
+_MAX_BLOCK_BYTES = 1 << 24  # larger blocks parse ~3x slower (cache misses; measured on Criteo)
+
+
+def read_header(path: Path, delimiter: str, encoding: str = "utf8") -> list[str]:
+    """The column names on the first line of a delimited file (fields may be quoted)."""
+    reader = _open(path, delimiter, True, None, {}, None, encoding, _MIN_BLOCK_BYTES, lambda row: "skip")
+    if reader is None:
+        raise DistrecError(f"{path} is empty; check --data")
+    with reader:
+        return list(reader.schema.names)
+
+
+def _open(path, delimiter, quoted, column_names, column_types, include, encoding, block_size, on_invalid):
+    try:
+        return pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(
+                column_names=column_names, use_threads=False, block_size=block_size, encoding=encoding
+            ),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter, quote_char='"' if quoted else False,
+                ignore_empty_lines=False, invalid_row_handler=on_invalid,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types=column_types, include_columns=include, strings_can_be_null=True,
+                null_values=[""], check_utf8=False,
+            ),
+        )
+    except (pa.ArrowInvalid, OSError) as e:
+        if "Empty CSV file" in str(e):
+            return None
+        raise DistrecError(f"cannot read {path}: {str(e).splitlines()[0]}; check the file and --data-format") from None
+
+
+class CsvStream:
+    """Record batches of at most ``chunk_rows`` rows from a delimited text file.
+
+    Rows with the wrong number of columns are skipped and recorded in ``malformed``; the
+    physical line number (1-based, the header counts) of any kept row is available from
+    :meth:`line_numbers`. Every column listed in ``text_columns`` is read as text (the
+    caller parses it); the others get Arrow's inferred types.
+
+    Args:
+        path: the file; ``.gz`` (or another extension Arrow knows) is decompressed.
+        delimiter: one character.
+        quoted: whether fields may be enclosed in double quotes.
+        malformed: where skipped rows are counted.
+        chunk_rows: the most rows per yielded batch.
+        column_names: names for a file without a header line, or None to read the header.
+        include: the columns to keep (all if None).
+        text_columns: columns read as text (not checked to be valid UTF-8).
+        encoding: the file's text encoding.
+    """
+
+    def __init__(self, path: Path, delimiter: str, quoted: bool, malformed: MalformedRows, chunk_rows: int,
+                 column_names: list[str] | None = None, include: list[str] | None = None,
+                 text_columns: list[str] = (), encoding: str = "utf8") -> None:
+        self.path = path
+        self.delimiter = delimiter
+        self.quoted = quoted
+        self.malformed = malformed
+        self.chunk_rows = chunk_rows
+        self.column_names = column_names
+        self.include = include
+        self.text_columns = list(text_columns)
+        self.encoding = encoding
+        self._skipped: list[int] = []
+        self._header_lines = 0 if column_names is not None else 1
+
+    def _on_invalid(self, row) -> str:
+        self._skipped.append(row.number)
+        self.malformed.add([row.number], f"{row.actual_columns} columns instead of {row.expected_columns}")
+        return "skip"
+
+    def __iter__(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """Yield (batch, index of its first row among all rows kept so far)."""
+        block = int(np.clip(self.chunk_rows * _BYTES_PER_ROW, _MIN_BLOCK_BYTES, _MAX_BLOCK_BYTES))
+        types = {name: pa.string() for name in self.text_columns}
+        reader = _open(self.path, self.delimiter, self.quoted, self.column_names, types, self.include, self.encoding, block,
+                       self._on_invalid)
+        if reader is None:
+            return
+        first = 0
+        with reader:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise DistrecError(f"cannot read {self.path}: {str(e).splitlines()[0]}; check the file") from None
+                for start in range(0, batch.num_rows, self.chunk_rows):
+                    part = batch.slice(start, self.chunk_rows)
+                    yield part, first
+                    first += part.num_rows
+
+    def line_numbers(self, rows: np.ndarray) -> np.ndarray:
+        """1-based line numbers of kept rows given their indices among all rows kept so far."""
+        rows = np.asarray(rows, np.int64)
+        skipped = np.sort(np.asarray(self._skipped, np.int64))
+        base = rows + 1 + self._header_lines
+        lines = base
+        while True:  # a fixed point: each skipped line at or before a row pushes it down one line
+            moved = base + np.searchsorted(skipped, lines, side="right")
+            if np.array_equal(moved, lines):
+                return lines
+            lines = moved

@@ -1,0 +1,101 @@
+"""The embedding optimizer of Hotline: the project's sparse row updates, applied tier by tier.
+
+``distrec.train.optim`` defines the sparse optimizers (SGD, row-wise Adagrad, lazy Adam)
+for a table-sized parameter with table-sized state. In Hotline a row and its optimizer
+state live together in one stored row of the fast or the slow tier (see ``tiers.py``), so
+this optimizer gathers the touched rows of each tier, runs the very same ``update`` of the
+project's optimizer on them (weights and state as views of the gathered rows), and writes
+them back to their own tier. Same formula, so the trained model equals ordinary training.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.optim import Optimizer
+
+from distrec.errors import DistrecError
+from distrec.train.optim import SPARSE_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from distrec.hotline.embedding import HotlineEmbeddingBagCollection
+
+# Per-row optimizer state stored after the weights, as (state key, floats per row); a
+# width of 1 is a per-row scalar (a 1-D state in distrec.train.optim), "dim" a vector.
+ROW_STATE: dict[str, tuple[tuple[str, str], ...]] = {
+    "sgd": (),
+    "adagrad": (("sum", "scalar"),),
+    "adam": (("exp_avg", "dim"), ("exp_avg_sq", "dim")),
+}
+STEP_KEY = "step"  # lazy Adam's step count: one per optimizer, not per row
+
+
+def row_state_floats(name: str, dim: int) -> int:
+    """Floats of optimizer state stored with each row for optimizer ``name``."""
+    if name not in ROW_STATE:
+        raise DistrecError(f"embedding optimizer {name!r} is unknown; choose one of: {', '.join(ROW_STATE)}")
+    return sum(1 if kind == "scalar" else dim for _, kind in ROW_STATE[name])
+
+
+def state_views(rows: torch.Tensor, name: str, dim: int) -> dict[str, torch.Tensor]:
+    """The optimizer state of gathered rows [n, dim + state] as views named like the optimizer's."""
+    views, col = {}, dim
+    for key, kind in ROW_STATE[name]:
+        if kind == "scalar":
+            views[key] = rows[:, col]
+            col += 1
+        else:
+            views[key] = rows[:, col : col + dim]
+            col += dim
+    return views
+
+
+class TieredRowOptimizer(Optimizer):
+    """Steps the rows a HotlineEmbeddingBagCollection looked up, each in its own tier.
+
+    A torch ``Optimizer`` with one parameter group and no parameters, so learning-rate
+    schedulers drive its ``lr`` and trainers step it beside the dense optimizer. The
+    optimizer kind is the module's (``embeddings.optimizer``), fixed when its rows were
+    laid out; ``hyper`` are that optimizer's settings (``lr``, ``eps``, ``betas``).
+
+    Example:
+        >>> ebc = HotlineEmbeddingBagCollection(tables, optimizer="adagrad")
+        >>> opt = TieredRowOptimizer(ebc, lr=0.01)
+        >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, embeddings: HotlineEmbeddingBagCollection, **hyper: object) -> None:
+        self.embeddings = embeddings
+        self._rule = SPARSE_OPTIMIZERS[embeddings.optimizer]([{"params": []}], **hyper)
+        if self._rule.defaults.get("initial_accumulator_value", 0.0) != 0.0:
+            raise DistrecError("Hotline embeddings start their optimizer state at 0; leave initial_accumulator_value unset")
+        super().__init__([{"params": []}], self._rule.defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group = self.param_groups[0]
+        steps = self.state.get(STEP_KEY, 0)
+        if self.embeddings.apply_gradients(lambda rows, grads: self._update(rows, grads, group, steps)):
+            self.state[STEP_KEY] = steps + 1
+        return loss
+
+    def _update(self, rows: torch.Tensor, grads: torch.Tensor, group: dict, steps: int) -> None:
+        """Run the project optimizer's update on unique gathered rows [n, width] in place."""
+        n, dim = grads.shape
+        if n == 0:
+            return
+        grad = torch.sparse_coo_tensor(
+            torch.arange(n, device=rows.device).unsqueeze(0), grads, (n, dim), is_coalesced=True, check_invariants=False
+        )
+        state = state_views(rows, self.embeddings.optimizer, dim)
+        state[STEP_KEY] = steps
+        self._rule.update(rows[:, :dim], grad, group, state)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients of the rows looked up since the last step."""
+        self.embeddings.clear_gradients()

@@ -1,0 +1,152 @@
+"""The Hotline micro-batch pipeline: popular inputs run at once while cold rows are prefetched.
+
+For each mini-batch of B samples (Adnan et al., ISCA 2024):
+
+1. the access logger may sample it (learning);
+2. it is split into a popular micro-batch (every index hot) and a non-popular one;
+3. a worker thread starts gathering the non-popular micro-batch's rows, cold ones from the
+   slow tier, while the popular micro-batch runs forward and backward from the fast tier;
+4. the non-popular micro-batch then runs with the prefetched rows.
+
+Each micro-batch's loss is its summed per-sample loss divided by B, so the accumulated
+gradients are those of the whole mini-batch's mean loss: the same as ordinary training.
+The caller then steps its optimizers once (dense and ``TieredRowOptimizer``). Every
+``relearn_every`` mini-batches the hot set is re-selected from the logger's counts, rows
+move between tiers, and the logger starts a new window, so drifting popularity is followed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import torch
+
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.hotline.access_logger import AccessLogger
+from distrec.hotline.embedding import EmbeddingLookup, HotlineEmbeddingBagCollection
+from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_batch
+
+WORKER_NAME = "hotline-prefetch"
+
+Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B) -> loss, after backward
+
+
+@dataclass
+class PipelineStats:
+    """Counts since the pipeline started: mini-batches, samples, popular samples, re-learnings."""
+
+    steps: int = 0
+    samples: int = 0
+    popular_samples: int = 0
+    relearns: int = 0
+
+    @property
+    def popular_fraction(self) -> float:
+        """Fraction of samples that ran in popular micro-batches."""
+        return self.popular_samples / self.samples if self.samples else 0.0
+
+
+class HotlinePipeline:
+    """Runs mini-batches as popular and non-popular micro-batches, with a prefetch worker.
+
+    Args:
+        embeddings: the model's HotlineEmbeddingBagCollection.
+        logger: the access logger that samples mini-batches.
+        budget_bytes: fast-tier budget of the hot set, in bytes.
+        relearn_every: re-select the hot set every this many mini-batches (0: never).
+        hot_set: an initial hot set (default: the rows already in the fast tier, at first none).
+
+    Example:
+        >>> with HotlinePipeline(model.embeddings, AccessLogger(64 << 20), 512 << 20, 1000) as pipe:
+        ...     for batch in batches:
+        ...         loss = pipe.run(batch, train_step.backward)   # TrainStep.backward(batch, normalizer)
+        ...         train_step.apply()
+    """
+
+    def __init__(
+        self,
+        embeddings: HotlineEmbeddingBagCollection,
+        logger: AccessLogger,
+        budget_bytes: int,
+        relearn_every: int,
+        hot_set: HotSet | None = None,
+    ) -> None:
+        if relearn_every < 0:
+            raise DistrecError(f"hotline relearn interval is {relearn_every}; give a number of steps >= 0 (0: never)")
+        self.embeddings = embeddings
+        self.logger = logger
+        self.budget_bytes = budget_bytes
+        self.relearn_every = relearn_every
+        self.stats = PipelineStats()
+        if hot_set is not None:
+            embeddings.set_hot_set(hot_set)
+        self.hot_set = HotSet.from_global_ids(embeddings.hot_ids.cpu().numpy(), embeddings.space, budget_bytes)
+        self._sampled_at_relearn = logger.sampled_batches
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WORKER_NAME)
+
+    def run(self, batch: Batch, backward: Backward) -> torch.Tensor:
+        """Forward and backward one mini-batch as two micro-batches; the mean loss, detached.
+
+        ``backward(micro_batch, normalizer)`` must add the gradients of the micro-batch's
+        summed loss divided by ``normalizer`` (the mini-batch size) and return that loss.
+        On any error the worker is waited for and the looked-up rows' gradients dropped.
+        """
+        if self.relearn_every and self.stats.steps and self.stats.steps % self.relearn_every == 0:
+            self.relearn()
+        size = batch.batch_size
+        ids = self.embeddings.space.batch_ids(batch)
+        self.logger.observe(ids)
+        mask = is_popular(batch, ids, self.embeddings.hot_ids)
+        num_popular = int(mask.sum())
+        if num_popular in (0, size):
+            popular, other = (batch, None) if num_popular == size else (None, batch)
+        else:
+            popular, other = split_batch(batch, mask)
+        prefetch: Future[EmbeddingLookup] | None = None
+        try:
+            if other is not None and popular is not None:
+                prefetch = self._worker.submit(self.embeddings.lookup, other)
+            loss = torch.zeros((), device=batch.labels.device)
+            if popular is not None:
+                loss += backward(popular, size)
+            if other is not None:
+                lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other)
+                with self.embeddings.prefetched(lookup):
+                    loss += backward(other, size)
+        except BaseException:
+            if prefetch is not None:
+                prefetch.cancel()
+                wait([prefetch])
+            self.embeddings.clear_gradients()
+            raise
+        self.stats.steps += 1
+        self.stats.samples += size
+        self.stats.popular_samples += num_popular
+        return loss
+
+    def relearn(self) -> HotSet:
+        """Select the hot set from the logger's window, move rows, and start a new window.
+
+        A window in which no mini-batch was sampled keeps the current hot set.
+        """
+        if self.logger.sampled_batches > self._sampled_at_relearn:
+            ids, counts = self.logger.counts()
+            self.hot_set = select_hot_set(ids, counts, self.embeddings.space, self.embeddings.hot_row_bytes, self.budget_bytes)
+            self.embeddings.set_hot_set(self.hot_set)
+            self.logger.clear()
+            self.stats.relearns += 1
+        self._sampled_at_relearn = self.logger.sampled_batches
+        return self.hot_set
+
+    def close(self) -> None:
+        """Stop the worker thread (waiting for a gather in flight)."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> HotlinePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""Two-tier embedding storage: hot rows in a small fast tier, every other row in a big slow tier.
+
+The slow tier is the whole fused table (all tables, global row ids, see ``rows.py``), row
+``i`` at position ``i``: a memory-mapped scratch file on disk when the model runs on the
+host (so tables larger than RAM still train; the page cache holds what fits), or host
+memory, pinned, when the model runs on an accelerator. The fast tier is a compact tensor of
+the hot rows on the model's device, ``fast[j]`` holding row ``hot_ids[j]`` (ascending).
+
+Every row lives in exactly one tier: a hot row's slow-tier slot is stale and is never read
+or updated until the row leaves the hot set, when its fast copy is written back. So
+updates need no coherence copies and moving rows between tiers loses none.
+
+A stored row is ``width`` float32: the ``dim`` embedding weights first, then the
+optimizer's per-row state, so both move between tiers together.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from distrec.errors import DistrecError
+from distrec.hotline.rows import find_sorted
+from distrec.io import atomic_path
+
+FLOAT_BYTES = 4
+CHUNK_BYTES = 64 << 20  # rows are initialised, saved and loaded in chunks of about this many bytes
+SLOW_TIERS = ("auto", "disk", "host")
+
+RowInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 [end - start, width]
+RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]  # (rows [n, width], grads [n, dim]), in place
+
+
+def _map_scratch_file(directory: Path, num_rows: int, width: int) -> np.memmap:
+    """A float32 [num_rows, width] memory map of a new, fully allocated, already unlinked file.
+
+    The file is allocated up front (so writing pages later cannot fail for lack of disk
+    space) and removed from the directory as soon as it is mapped: the mapping keeps its
+    blocks alive, and nothing is left behind however the process ends.
+    """
+    nbytes = num_rows * width * FLOAT_BYTES
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def no_room(why: str) -> DistrecError:
+        return DistrecError(
+            f"cannot allocate the {nbytes / 2**30:.2f} GiB slow tier in {str(directory)!r} ({why}); "
+            "free disk space or choose another directory for it"
+        )
+
+    free = shutil.disk_usage(directory).free
+    if nbytes > free:
+        raise no_room(f"{free / 2**30:.2f} GiB free")
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".distrec-slow-tier-", suffix=".f32")
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            raise no_room(e.strerror) from None
+        return np.memmap(name, dtype=np.float32, mode="r+", shape=(num_rows, width))
+    finally:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+
+
+class TwoTierStore:
+    """All embedding rows (global ids), each in the fast tier or the slow tier.
+
+    Args:
+        num_rows: rows of all tables.
+        width: float32 per stored row (embedding dim plus optimizer state).
+        device: the model's device; the fast tier lives there.
+        init: fills rows ``[start, end)``; called in chunks of about ``CHUNK_BYTES``.
+        slow: ``"disk"`` (memory-mapped scratch file), ``"host"`` (host memory, pinned for
+            CUDA) or ``"auto"`` (host for an accelerator, disk for the host).
+        directory: where the disk tier's scratch file goes (default: the system temp dir).
+        progress: show a progress bar while initialising.
+
+    Example:
+        >>> store = TwoTierStore(1000, 4, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, 4))
+        >>> store.set_hot(np.array([3, 7]))
+        >>> store.gather(torch.tensor([7, 500])).shape
+        torch.Size([2, 4])
+        >>> store.close()
+    """
+
+    def __init__(
+        self,
+        num_rows: int,
+        width: int,
+        device: torch.device,
+        init: RowInit,
+        slow: str = "auto",
+        directory: str | Path | None = None,
+        progress: bool = False,
+    ):
+        if slow not in SLOW_TIERS:
+            raise DistrecError(f"slow tier {slow!r} is unknown; choose one of: {', '.join(SLOW_TIERS)}")
+        self.device = torch.device(device)
+        self.width = width
+        self.num_rows = num_rows
+        if slow == "auto":
+            slow = "disk" if self.device.type == "cpu" else "host"
+        self.slow_kind = slow
+        if slow == "disk":
+            self.slow = torch.from_numpy(_map_scratch_file(Path(directory or tempfile.gettempdir()), num_rows, width))
+        else:
+            self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
+        self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.fast = torch.empty((0, width), device=self.device)
+        self._fill(init, progress)
+
+    def _fill(self, init: RowInit, progress: bool) -> None:
+        for start, end in self._chunks("slow tier", progress):
+            self.slow[start:end] = init(start, end)
+
+    @property
+    def fast_bytes(self) -> int:
+        """Bytes of the fast tier: hot rows and their ids."""
+        return self.fast.numel() * FLOAT_BYTES + self.hot_ids.numel() * self.hot_ids.element_size()
+
+    def gather(self, ids: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device.
+
+        Reads each row from the tier holding it. Safe to call from a worker thread while no
+        update or tier move runs.
+        """
+        width = self.width if width is None else width
+        ids = ids.to(self.device)
+        hot, slot = find_sorted(self.hot_ids, ids)
+        out = torch.empty((ids.numel(), width), device=self.device)
+        out[hot] = self.fast[slot[hot], :width]
+        cold = ~hot
+        out[cold] = self._read_slow(ids[cold], width).to(self.device, non_blocking=True)
+        return out
+
+    def update(self, ids: torch.Tensor, grads: torch.Tensor, rule: RowUpdate) -> None:
+        """Apply ``rule`` to the unique rows ``ids`` with their gradients, in the tier holding each.
+
+        ``rule(rows, grads)`` changes ``rows`` (a gathered copy, [n, width]) in place; cold
+        rows are updated on the host where the slow tier lives.
+        """
+        ids = ids.to(self.device)
+        hot, slot = find_sorted(self.hot_ids, ids)
+        hot_slots = slot[hot]
+        rows = self.fast[hot_slots]
+        rule(rows, grads[hot])
+        self.fast[hot_slots] = rows
+        cold = ~hot
+        cold_ids = ids[cold].cpu()
+        rows = self.slow[cold_ids]
+        rule(rows, grads[cold].to(rows.device))
+        self.slow[cold_ids] = rows
+
+    def set_hot(self, new_ids: np.ndarray) -> None:
+        """Make the rows ``new_ids`` (ascending unique global ids) the fast tier.
+
+        Rows leaving the fast tier are written back to the slow tier first; rows entering it
+        are read from the slow tier; rows staying are copied within the fast tier.
+        """
+        new = torch.as_tensor(np.asarray(new_ids, dtype=np.int64), device=self.device)
+        if new.numel() and bool(torch.any(new[1:] <= new[:-1]) | (new[0] < 0) | (new[-1] >= self.num_rows)):
+            raise ValueError("hot ids must be ascending unique global row ids below num_rows")
+        stays, _ = find_sorted(new, self.hot_ids)
+        leaving = ~stays
+        self.slow[self.hot_ids[leaving].cpu()] = self.fast[leaving].cpu()
+        was_hot, old_slot = find_sorted(self.hot_ids, new)
+        fast = torch.empty((new.numel(), self.width), device=self.device)
+        fast[was_hot] = self.fast[old_slot[was_hot]]
+        entering = ~was_hot
+        fast[entering] = self._read_slow(new[entering], self.width).to(self.device, non_blocking=True)
+        self.fast, self.hot_ids = fast, new
+
+    def save(self, path: str | Path, progress: bool = False) -> None:
+        """Write every stored row, from the tier holding it, as a float32 [num_rows, width]
+        ``.npy`` file, chunk by chunk (memory stays bounded), atomically."""
+        with atomic_path(path) as tmp:
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(self.num_rows, self.width))
+            for start, end in self._chunks("saving rows", progress):
+                out[start:end] = self.slow[start:end].numpy()
+            out[self.hot_ids.cpu().numpy()] = self.fast.cpu().numpy()
+            out.flush()
+            del out
+
+    def load(self, path: str | Path, progress: bool = False) -> None:
+        """Replace every stored row by those of a file written by ``save`` (same shape)."""
+        try:
+            rows = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise DistrecError(f"cannot read embedding rows from {str(path)!r} ({e}); pass a file written by save") from None
+        if rows.shape != (self.num_rows, self.width) or rows.dtype != np.float32:
+            raise DistrecError(
+                f"embedding rows in {str(path)!r} are {rows.dtype} {rows.shape}, expected float32 {(self.num_rows, self.width)}; "
+                "load them into a model with the same tables and optimizer"
+            )
+        for start, end in self._chunks("loading rows", progress):
+            self.slow[start:end].numpy()[...] = rows[start:end]
+        self.fast = self._read_slow(self.hot_ids, self.width).to(self.device)
+
+    def _chunks(self, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
+        """Row ranges of about CHUNK_BYTES covering the table, with a progress bar."""
+        chunk = max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
+        with tqdm(total=self.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar:
+            for start in range(0, self.num_rows, chunk):
+                end = min(start + chunk, self.num_rows)
+                yield start, end
+                bar.update(end - start)
+
+    def _read_slow(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+        """The first ``width`` floats of slow-tier rows ``ids``, in pinned memory when the
+        fast tier is on CUDA (so the copy to the device can run asynchronously)."""
+        ids = ids.cpu()
+        out = torch.empty((ids.numel(), width), pin_memory=self.device.type == "cuda")
+        return torch.index_select(self.slow[:, :width], 0, ids, out=out)
+
+    def close(self) -> None:
+        """Release both tiers (the disk tier's file is already unlinked; its blocks are freed)."""
+        self.fast = self.fast.new_empty((0, self.width))
+        self.hot_ids = self.hot_ids.new_empty(0)
+        self.slow = torch.empty((0, self.width))
+
+    def __enter__(self) -> TwoTierStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,25 @@
+"""What every distrec model shares: a replaceable embedding module and the parameter split."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+class RecommendationModel(nn.Module):
+    """A click model ``model(batch) -> logits`` float32 [B] with an ``embeddings`` submodule.
+
+    ``embeddings`` maps a Batch to pooled vectors [B, F, D]. It is a plain attribute so that
+    ``distrec.parallel`` can swap it for a sharded module with the same contract; its
+    parameters get sparse gradients and a sparse optimizer, all others a dense one.
+    """
+
+    embeddings: nn.Module
+
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the embedding module (sparse gradients)."""
+        return list(self.embeddings.parameters())
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Every other parameter (MLPs, interaction, cross network)."""
+        sparse = {id(p) for p in self.embeddings.parameters()}
+        return [p for p in self.parameters() if id(p) not in sparse]

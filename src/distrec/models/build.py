@@ -1,0 +1,53 @@
+"""Build a model from its configuration and the data's shape."""
+
+from __future__ import annotations
+
+import torch
+
+from distrec.config import ModelConfig
+from distrec.errors import DistrecError
+from distrec.models.base import RecommendationModel
+from distrec.models.dcn import DCN
+from distrec.models.dlrm import DLRM
+from distrec.tables import TableConfig
+
+
+def build_model(
+    model_cfg: ModelConfig, num_dense: int, tables: list[TableConfig], device: torch.device | str | None = None
+) -> RecommendationModel:
+    """The model that ``model_cfg`` describes, for ``num_dense`` dense features and ``tables``.
+
+    Every table must have ``dim == model_cfg.embedding_dim`` (build the tables with it).
+
+    Example:
+        >>> cfg = ModelConfig(); apply_preset(cfg, "tiny")
+        >>> build_model(cfg, 13, [TableConfig("c1", 1000, cfg.embedding_dim)])
+    """
+    for t in tables:
+        if t.dim != model_cfg.embedding_dim:
+            raise DistrecError(
+                f"table {t.name!r} has dim {t.dim} but model.embedding_dim is {model_cfg.embedding_dim}; "
+                "build the tables with dim=model.embedding_dim"
+            )
+    if model_cfg.arch == "dlrm":
+        return DLRM(
+            num_dense,
+            tables,
+            model_cfg.bottom_mlp,
+            model_cfg.top_mlp,
+            model_cfg.interaction,
+            model_cfg.self_interaction,
+            device=device,
+        )
+    if model_cfg.arch == "dcn":
+        return DCN(
+            num_dense,
+            tables,
+            model_cfg.cross_layers,
+            model_cfg.cross_low_rank,
+            model_cfg.dcn_structure,
+            model_cfg.deep_mlp,
+            model_cfg.bottom_mlp,
+            device=device,
+        )
+    raise DistrecError(f"model.arch is {model_cfg.arch!r}; choose dlrm or dcn")

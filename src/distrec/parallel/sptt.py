@@ -1,0 +1,222 @@
+"""SPTT: the embedding exchange of Disaggregated Multi-Tower (Luo et al., MLSys 2024, Fig. 7).
+
+Both exchanges here start after the lookup: every rank has pooled its own tables for all
+``B = world_size x b`` samples of the global batch (SPTT steps (a) + (b)), a tensor
+``[B, F_g, D]`` whose rows are the global samples in rank order (rank r's samples are rows
+``r*b .. (r+1)*b - 1``) and whose columns are the features ``layout.features_of_rank[g]``.
+Both return, on each rank, its own b samples with every feature, ``[b, F, D]`` in the
+global feature order.
+
+- ``flat_exchange``: one all-to-all over all ranks (the hybrid-parallel baseline).
+- ``sptt_exchange``: (c) permute the rows into peer order; (d) all-to-all inside the host,
+  after which each rank holds its host's features (its tower) for the samples of all its
+  peers; (e) reshape (features, peers) -> (peers, features), where an optional tower module
+  maps ``[H*b, F_host, D]`` to ``[H*b, out]``; (f) all-to-all among peers (one rank per host).
+  Without a tower module the result equals ``flat_exchange``'s exactly, in values and
+  gradients; only (f) crosses hosts, in H - 1 messages instead of (H - 1) x L.
+
+Feature mapping (``FeatureLayout.from_towers``): tower t is placed on host t and its
+features are split table-wise over the host's ranks in contiguous, balanced runs, so rank
+``(t, l)`` pools the l-th run of tower t's features.
+
+Both exchanges are differentiable (``distrec.parallel.comm.differentiable_all_to_all``: the
+backward of each all-to-all is the reverse all-to-all of the gradients). Tensors stay on
+the input's device (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from distrec.errors import DistrecError
+from distrec.parallel.comm import differentiable_all_to_all
+from distrec.parallel.topology import Topology, TopologyGroups
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """Which features (columns of the global feature order) each rank pools.
+
+    Attributes:
+        topology: the cluster.
+        features_of_rank: for each rank, the global indices of the features it pools, in
+            the order of its pooled tensor's columns. Every feature appears exactly once.
+    """
+
+    topology: Topology
+    features_of_rank: tuple[tuple[int, ...], ...]
+    _index_by_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.features_of_rank) != self.topology.world_size:
+            raise DistrecError(
+                f"feature layout lists {len(self.features_of_rank)} ranks but the topology has "
+                f"{self.topology.world_size}; build it for this topology"
+            )
+        order = self.exchange_order
+        if sorted(order) != list(range(len(order))):
+            raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank; fix the towers")
+
+    @classmethod
+    def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]]) -> FeatureLayout:
+        """Tower t on host t, its features split table-wise over the host's ranks (contiguous runs)."""
+        if len(towers) != topology.hosts:
+            raise DistrecError(
+                f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host"
+            )
+        if any(len(tower) == 0 for tower in towers):
+            raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
+        runs = [
+            tuple(int(f) for f in run)
+            for tower in towers
+            for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)
+        ]
+        return cls(topology, tuple(runs))
+
+    @property
+    def num_features(self) -> int:
+        return sum(self.feature_counts)
+
+    @cached_property
+    def feature_counts(self) -> list[int]:
+        """Features pooled by each rank."""
+        return [len(f) for f in self.features_of_rank]
+
+    def host_feature_counts(self) -> list[int]:
+        """Features of each host's tower (F_host)."""
+        t = self.topology
+        return [sum(self.feature_counts[r] for r in t.host_ranks(h)) for h in range(t.hosts)]
+
+    @cached_property
+    def exchange_order(self) -> list[int]:
+        """Global feature indices in the order the exchanges deliver them (rank by rank)."""
+        return [f for features in self.features_of_rank for f in features]
+
+    def global_index(self, device: torch.device | None = None) -> torch.Tensor:
+        """int64 [F]: position, in the exchange order, of each feature of the global order (cached)."""
+        key = torch.device("cpu") if device is None else torch.device(device)
+        if key not in self._index_by_device:
+            position = torch.empty(self.num_features, dtype=torch.int64)
+            position[torch.tensor(self.exchange_order, dtype=torch.int64)] = torch.arange(self.num_features)
+            self._index_by_device[key] = position.to(key)
+        return self._index_by_device[key]
+
+
+def local_batch_size(global_rows: int, topology: Topology) -> int:
+    """Samples per rank (b) of a global batch of ``global_rows`` samples."""
+    if global_rows % topology.world_size != 0:
+        raise DistrecError(
+            f"global batch of {global_rows} samples does not split evenly over {topology.world_size} ranks; "
+            "use a batch size that is a multiple of the world size"
+        )
+    return global_rows // topology.world_size
+
+
+def to_peer_order(x: torch.Tensor, topology: Topology) -> torch.Tensor:
+    """Step (c): rows of ``x`` in rank-order blocks -> the same blocks in peer order.
+
+    ``x`` has ``world_size x b`` rows, block r holding rank r's samples; the result puts
+    block ``rank(h, l)`` at position ``l * hosts + h``, so each local rank's peers' samples
+    are contiguous (a copy).
+    """
+    b = local_batch_size(x.shape[0], topology)
+    return x.reshape(topology.hosts, topology.ranks_per_host, b, *x.shape[1:]).transpose(0, 1).reshape(x.shape)
+
+
+def blocks_to_columns(recv: torch.Tensor, rows: int, widths: Sequence[int]) -> torch.Tensor:
+    """(features, peers) -> (peers, features): source-major blocks to one sample-major matrix.
+
+    ``recv`` (1-D) concatenates one ``[rows, widths[i]]`` block per source; the result is
+    ``[rows, sum(widths)]`` with the sources' columns side by side, in source order.
+    """
+    blocks = recv.split([rows * w for w in widths])
+    return torch.cat([block.view(rows, w) for block, w in zip(blocks, widths)], dim=1)
+
+
+def to_global_order(x: torch.Tensor, layout: FeatureLayout) -> torch.Tensor:
+    """``[b, F, D]`` in exchange order -> ``[b, F, D]`` in the global feature order."""
+    return x.index_select(1, layout.global_index(x.device))
+
+
+def flat_exchange(pooled: torch.Tensor, layout: FeatureLayout, rank: int, group: Any = None) -> torch.Tensor:
+    """The baseline: one all-to-all over all ranks.
+
+    Args:
+        pooled: ``[B, F_rank, D]`` this rank's pooled features for all global samples.
+        layout: the features each rank pools.
+        rank: this rank (global).
+        group: the group of all ranks (default: the world).
+
+    Returns:
+        ``[b, F, D]`` this rank's samples with every feature, in the global feature order.
+    """
+    b = _check_input(pooled, layout, rank)
+    dim = pooled.shape[2]
+    widths = [count * dim for count in layout.feature_counts]
+    send_splits = [b * pooled[0].numel()] * layout.topology.world_size
+    recv = differentiable_all_to_all(pooled.reshape(-1), [b * w for w in widths], send_splits, group)
+    return to_global_order(blocks_to_columns(recv, b, widths).view(b, -1, dim), layout)
+
+
+def sptt_exchange(
+    pooled: torch.Tensor,
+    layout: FeatureLayout,
+    groups: TopologyGroups,
+    tower_module: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    tower_dims: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """SPTT steps (c)-(f); only the (compressed) tower outputs cross hosts.
+
+    Args:
+        pooled: ``[B, F_rank, D]`` this rank's pooled features for all global samples.
+        layout: the features each rank pools; host h's ranks hold tower h.
+        groups: this rank's groups from ``Topology.build_groups``.
+        tower_module: optional map ``[H*b, F_host, D] -> [H*b, out_h]`` applied to this
+            host's tower before it crosses hosts (step (e)).
+        tower_dims: ``out_h`` of every host's tower module (required with ``tower_module``).
+
+    Returns:
+        Without a tower module, ``[b, F, D]`` this rank's samples in the global feature order
+        (equal to ``flat_exchange``). With one, ``[b, sum(tower_dims)]``: the towers'
+        outputs for this rank's samples side by side, by host.
+    """
+    topology = layout.topology
+    b = _check_input(pooled, layout, groups.rank)
+    hosts, dim = topology.hosts, pooled.shape[2]
+    host = topology.host(groups.rank)
+    source_widths = [layout.feature_counts[r] * dim for r in topology.host_ranks(host)]
+    peer_rows = hosts * b
+    # (c) + (d): block l of the peer-ordered rows goes to local rank l
+    send = to_peer_order(pooled, topology).reshape(-1)
+    send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
+    recv = differentiable_all_to_all(send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host)
+    # (e)
+    tower = blocks_to_columns(recv, peer_rows, source_widths)
+    if tower_module is None:
+        tower_out, out_widths = tower, [f * dim for f in layout.host_feature_counts()]
+    else:
+        if tower_dims is None or len(tower_dims) != hosts:
+            raise ValueError(f"tower_dims must give the output width of each of the {hosts} towers")
+        tower_out, out_widths = tower_module(tower.view(peer_rows, -1, dim)), list(tower_dims)
+        if tower_out.shape != (peer_rows, out_widths[host]):
+            raise ValueError(
+                f"tower module returned {tuple(tower_out.shape)}, expected ({peer_rows}, {out_widths[host]})"
+            )
+    # (f): block h of the tower output (the samples of my peer on host h) goes to host h
+    send_splits = [b * out_widths[host]] * hosts
+    recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
+    out = blocks_to_columns(recv, b, out_widths)
+    return out if tower_module is not None else to_global_order(out.view(b, -1, dim), layout)
+
+
+def _check_input(pooled: torch.Tensor, layout: FeatureLayout, rank: int) -> int:
+    """Validate ``pooled`` against the layout; return the local batch size b."""
+    expected = layout.feature_counts[rank]
+    if pooled.dim() != 3 or pooled.shape[1] != expected:
+        raise ValueError(f"rank {rank} expects pooled [B, {expected}, D], got {tuple(pooled.shape)}")
+    return local_batch_size(pooled.shape[0], layout.topology)

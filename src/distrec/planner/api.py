@@ -1,0 +1,106 @@
+"""The planner's entry point: tables + devices + memory + algorithm -> ShardingPlan and a report."""
+
+from __future__ import annotations
+
+import time
+
+from distrec.errors import DistrecError
+from distrec.parallel.plan import ShardingPlan
+from distrec.planner.cost_models import CostModels
+from distrec.planner.emit import build_plan, device_tables, whole_tables
+from distrec.planner.heuristics import HEURISTICS, heuristic_placement
+from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
+from distrec.planner.types import PlanConstraints, TableSpec
+
+ALGORITHMS = ("neuroshard", *HEURISTICS)
+
+
+def parse_constraints(pins: list[str] | None = None, no_split: list[str] | None = None) -> PlanConstraints:
+    """Constraints from command-line strings: pins as ``table=rank``, no_split as table names."""
+    parsed = {}
+    for item in pins or []:
+        name, sep, rank = item.partition("=")
+        if not sep or not name or not rank.strip().isdigit():
+            raise DistrecError(f"pin {item!r} must look like table=rank, e.g. user_id=0")
+        parsed[name.strip()] = int(rank)
+    return PlanConstraints(parsed, frozenset(no_split or []))
+
+
+def format_report(report: dict) -> str:
+    """The lines ``distrec plan`` prints: per-device bytes and predicted costs, search time, cache."""
+    lines = [f"{report['algorithm']} plan for {report['devices']} devices, search {report['search_time_s']:.2f} s"]
+    predicted = report.get("predicted_ms")
+    for rank, used in enumerate(report["bytes_per_device"]):
+        line = f"  rank {rank}: {used / 2**20:8.1f} MiB"
+        if predicted:
+            parts = ", ".join(f"{k} {predicted[k][rank]:.2f}" for k in ("compute", "fw_comm", "bw_comm"))
+            line += f"  predicted {predicted['total'][rank]:.2f} ms ({parts})"
+        lines.append(line)
+    if predicted:
+        lines.append(f"  predicted cost (max over devices): {report['predicted_max_ms']:.2f} ms")
+    if "cache_hit_rate" in report:
+        lines.append(f"  cost cache hit rate {report['cache_hit_rate']:.1%} over {report['states_evaluated']} split choices")
+    return "\n".join(lines)
+
+
+def plan_tables(
+    tables: list[TableSpec],
+    devices: int,
+    memory_per_device: int,
+    cost_models: CostModels | None = None,
+    algorithm: str = "neuroshard",
+    constraints: PlanConstraints | None = None,
+    seed: int = 0,
+    options: SearchOptions | None = None,
+) -> tuple[ShardingPlan, dict]:
+    """Shard ``tables`` over ``devices`` devices of ``memory_per_device`` bytes.
+
+    Args:
+        tables: the tables with their access statistics.
+        devices: number of ranks.
+        memory_per_device: bytes of table weights each rank may hold.
+        cost_models: trained cost models; needed by neuroshard, optional for the heuristics
+            (then the report also holds their predicted costs).
+        algorithm: one of ``ALGORITHMS``.
+        constraints: pins and no-split tables.
+        seed: seed of the random heuristic.
+        options: NeuroShard search options (paper defaults).
+
+    Returns:
+        (plan, report): the validated ShardingPlan, and a JSON-ready dict with the algorithm,
+        the search time (s), bytes per device, predicted per-device costs (ms) and, for
+        neuroshard, the cache hit rate and the chunk sets evaluated.
+
+    Example:
+        >>> plan, report = plan_tables(tables, 4, 64 * 2**20, algorithm="size-greedy")
+        >>> plan.save("plan.json")
+    """
+    if algorithm not in ALGORITHMS:
+        raise DistrecError(f"unknown planning algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
+    if devices < 1 or memory_per_device < 1:
+        raise DistrecError(f"need at least 1 device and 1 byte per device, got {devices} devices of {memory_per_device} bytes")
+    names = [t.name for t in tables]
+    if not tables or len(set(names)) != len(names):
+        raise DistrecError("the planner needs a non-empty list of tables with unique names")
+    constraints = constraints or PlanConstraints()
+    constraints.check(tables, devices)
+    check_feasible(tables, devices, memory_per_device, constraints)
+    report: dict = {"algorithm": algorithm, "devices": devices, "memory_per_device": memory_per_device}
+    start = time.perf_counter()
+    if algorithm == "neuroshard":
+        if cost_models is None:
+            raise DistrecError("the neuroshard algorithm needs cost models; train them with 'distrec plan train-cost-models'")
+        result = NeuroShardSearch(tables, devices, memory_per_device, cost_models.predictor(devices), constraints, options).run()
+        plan = build_plan(tables, result.chunks, result.device_of, devices)
+        report.update(cache_hit_rate=result.cache_hit_rate, states_evaluated=result.states)
+    else:
+        device_of = heuristic_placement(tables, devices, memory_per_device, algorithm, constraints, seed)
+        plan = build_plan(tables, whole_tables(tables), device_of, devices)
+    report["search_time_s"] = time.perf_counter() - start
+    plan.validate([t.to_config() for t in tables], memory_per_device)
+    report["bytes_per_device"] = plan.bytes_per_rank()
+    if cost_models is not None:
+        costs = cost_models.predictor(devices).placement_costs(device_tables(plan, tables))
+        report["predicted_ms"] = {k: v.tolist() for k, v in costs.items()}
+        report["predicted_max_ms"] = float(costs["total"].max())
+    return plan, report

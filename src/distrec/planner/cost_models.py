@@ -1,0 +1,419 @@
+"""NeuroShard's neural cost models: computation per device, forward and backward all-to-all.
+
+- Computation: a shared per-table MLP (F -> 128 -> 32) embeds each table (or column shard)
+  on a device; the embeddings are summed and an MLP (32 -> 64 -> 1) predicts the device's
+  forward+backward lookup time (ms).
+- Communication: MLPs (in -> 128 -> 64 -> 32 -> 16 -> D) predict every device's all-to-all
+  time (ms) from the devices' summed output dimensions (backward) plus their start delays
+  (forward). One pair per world size D.
+
+A plan's cost on device r is compute_r + bw_r + fw_r, where the forward all-to-all of device
+r starts late by (compute_r + bw_r) - min over devices, as in NeuroShard's simulator; the
+plan costs the maximum over devices.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+import distrec
+from distrec.errors import DistrecError
+from distrec.io import atomic_write_bytes
+from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
+from distrec.planner.launch import intra_op_threads
+from distrec.planner.types import TableSpec
+
+COST_MODEL_FORMAT = 1
+TABLE_MLP = (128, 32)
+HEAD_MLP = (64,)
+COMM_MLP = (128, 64, 32, 16)
+
+
+def _mlp(sizes: Iterable[int], final_relu: bool) -> nn.Sequential:
+    sizes = list(sizes)
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if final_relu or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class _Standardised(nn.Module):
+    """Inputs standardised with training statistics, outputs in units of ``target_scale`` ms."""
+
+    def __init__(self, num_inputs: int) -> None:
+        super().__init__()
+        self.register_buffer("input_mean", torch.zeros(num_inputs))
+        self.register_buffer("input_std", torch.ones(num_inputs))
+        self.register_buffer("target_scale", torch.ones(()))
+
+    def set_statistics(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.input_mean.copy_(inputs.mean(dim=0))
+        self.input_std.copy_(inputs.std(dim=0).nan_to_num(0.0) + 1e-6)
+        self.target_scale.copy_(targets.abs().mean().clamp_min(1e-6))
+
+    def standardise(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.input_mean) / self.input_std
+
+
+class ComputeCostNet(_Standardised):
+    """Predicts a device's forward+backward lookup time (ms) from its tables' features."""
+
+    def __init__(self, num_features: int = len(TABLE_FEATURE_NAMES)) -> None:
+        super().__init__(num_features)
+        self.table_mlp = _mlp((num_features, *TABLE_MLP), final_relu=True)
+        self.head = _mlp((TABLE_MLP[-1], *HEAD_MLP, 1), final_relu=False)
+
+    def forward(self, features: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+        """features float [n, F] of all tables, group int64 [n] their device (0..num_groups-1) -> [num_groups] ms."""
+        emb = self.table_mlp(self.standardise(features))
+        summed = emb.new_zeros(num_groups, emb.shape[1]).index_add_(0, group, emb)
+        return self.head(summed).squeeze(-1) * self.target_scale
+
+
+class CommCostNet(_Standardised):
+    """Predicts every device's all-to-all time (ms) from per-device inputs (dims, delays)."""
+
+    def __init__(self, num_inputs: int, num_devices: int) -> None:
+        super().__init__(num_inputs)
+        self.mlp = _mlp((num_inputs, *COMM_MLP, num_devices), final_relu=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x float [b, inputs] -> [b, devices] ms."""
+        return self.mlp(self.standardise(x)) * self.target_scale
+
+
+@dataclass
+class CostModels:
+    """The trained models plus what they were measured on.
+
+    Attributes:
+        compute: the computation model.
+        comm: world size -> (forward model, backward model).
+        batch_size: samples per batch in the micro-benchmarks.
+        hardware: torch version, CPU model, device type and name, world sizes.
+        metrics: test MSE (ms^2) of each model.
+    """
+
+    compute: ComputeCostNet
+    comm: dict[int, tuple[CommCostNet, CommCostNet]]
+    batch_size: int
+    hardware: dict
+    metrics: dict = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> None:
+        """Write the models atomically with a format stamp and the hardware description."""
+        state = {
+            "format": COST_MODEL_FORMAT,
+            "distrec_version": distrec.__version__,
+            "feature_names": list(TABLE_FEATURE_NAMES),
+            "batch_size": self.batch_size,
+            "hardware": json.dumps(self.hardware),
+            "metrics": json.dumps(self.metrics),
+            "compute": self.compute.state_dict(),
+            "comm": {str(d): (fw.state_dict(), bw.state_dict()) for d, (fw, bw) in self.comm.items()},
+        }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write_bytes(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModels:
+        """Read models saved by ``save``; DistrecError if missing, unreadable or of another format."""
+        p = Path(path)
+        if not p.is_file():
+            raise DistrecError(f"cost models {str(p)!r} not found; train them with 'distrec plan train-cost-models'")
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+            raise DistrecError(f"cost models {str(p)!r} are unreadable ({type(e).__name__}); retrain them") from None
+        if not isinstance(state, dict) or state.get("format") != COST_MODEL_FORMAT or state.get("feature_names") != list(TABLE_FEATURE_NAMES):
+            raise DistrecError(
+                f"cost models {str(p)!r} have another format than this distrec ({COST_MODEL_FORMAT}); "
+                "retrain them with 'distrec plan train-cost-models'"
+            )
+        compute = ComputeCostNet()
+        compute.load_state_dict(state["compute"])
+        comm = {}
+        for d, (fw_state, bw_state) in state["comm"].items():
+            fw, bw = CommCostNet(2 * int(d), int(d)), CommCostNet(int(d), int(d))
+            fw.load_state_dict(fw_state)
+            bw.load_state_dict(bw_state)
+            comm[int(d)] = (fw, bw)
+        return cls(compute.eval(), comm, int(state["batch_size"]), json.loads(state["hardware"]), json.loads(state["metrics"]))
+
+    def predictor(self, num_devices: int) -> CostPredictor:
+        """Fast NumPy predictions for ``num_devices`` devices (what the search calls)."""
+        if num_devices not in self.comm:
+            have = ", ".join(str(d) for d in sorted(self.comm)) or "none"
+            raise DistrecError(
+                f"the cost models have no communication model for {num_devices} devices (they have: {have}); "
+                f"run 'distrec plan collect --devices {num_devices}' and retrain"
+            )
+        return CostPredictor(self.compute, *self.comm[num_devices])
+
+
+def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+    """(weight^T, bias, relu after) for every Linear of a Sequential, as float64 arrays."""
+    modules = list(seq)
+    out = []
+    for i, m in enumerate(modules):
+        if isinstance(m, nn.Linear):
+            relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
+            out.append((m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy().copy(), relu))
+    return out
+
+
+def _run_numpy(layers: list[tuple[np.ndarray, np.ndarray, bool]], x: np.ndarray) -> np.ndarray:
+    for w, b, relu in layers:
+        x = x @ w + b
+        if relu:
+            np.maximum(x, 0.0, out=x)
+    return x
+
+
+def _statistics(net: _Standardised) -> tuple[np.ndarray, np.ndarray, float]:
+    return net.input_mean.double().numpy(), net.input_std.double().numpy(), float(net.target_scale)
+
+
+class CostPredictor:
+    """NumPy copies of the trained nets for the search's many small predictions.
+
+    The computation model is a sum over tables, so a table's 32-wide embedding is computed
+    once (``embed``) and a device's cost is the head applied to the sum (``device_compute``).
+    """
+
+    def __init__(self, compute: ComputeCostNet, fw: CommCostNet, bw: CommCostNet) -> None:
+        self._table_layers = _numpy_layers(compute.table_mlp)
+        self._head_layers = _numpy_layers(compute.head)
+        self._compute_stats = _statistics(compute)
+        self._fw_layers, self._fw_stats = _numpy_layers(fw.mlp), _statistics(fw)
+        self._bw_layers, self._bw_stats = _numpy_layers(bw.mlp), _statistics(bw)
+
+    def embed(self, tables: list[TableSpec]) -> np.ndarray:
+        """float64 [n, 32] embeddings of tables (or column shards, as tables of their width)."""
+        mean, std, _ = self._compute_stats
+        return _run_numpy(self._table_layers, (feature_matrix(tables).astype(np.float64) - mean) / std)
+
+    def device_compute(self, summed_embeddings: np.ndarray) -> np.ndarray:
+        """Predicted lookup time (ms) of devices from their summed embeddings [..., 32]."""
+        return _run_numpy(self._head_layers, np.atleast_2d(summed_embeddings))[:, 0] * self._compute_stats[2]
+
+    def plan_costs(self, compute_ms: np.ndarray, dim_sums: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
+        compute_ms = np.asarray(compute_ms, dtype=np.float64)
+        dims = np.asarray(dim_sums, dtype=np.float64)
+        bw = self._comm(self._bw_layers, self._bw_stats, dims)
+        ready = compute_ms + bw
+        fw = self._comm(self._fw_layers, self._fw_stats, np.concatenate([dims, ready - ready.min()]))
+        return {"compute": compute_ms, "bw_comm": bw, "fw_comm": fw, "total": compute_ms + bw + fw}
+
+    def placement_costs(self, device_tables: list[list[TableSpec]]) -> dict[str, np.ndarray]:
+        """Per-device predicted costs (ms) of devices holding these tables (or column shards)."""
+        compute = np.array(
+            [self.device_compute(self.embed(ts).sum(axis=0))[0] if ts else 0.0 for ts in device_tables]
+        )
+        return self.plan_costs(compute, np.array([sum(t.dim for t in ts) for ts in device_tables]))
+
+    @staticmethod
+    def _comm(layers, stats, x: np.ndarray) -> np.ndarray:
+        mean, std, scale = stats
+        return _run_numpy(layers, ((x - mean) / std)[None, :])[0] * scale
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class _ComputeData:
+    """Compute samples: features of every table of every sample, grouped by sample."""
+
+    features: torch.Tensor  # [rows, F]
+    offsets: np.ndarray  # [samples + 1]
+    targets: torch.Tensor  # [samples]
+
+    def __len__(self) -> int:
+        return self.targets.numel()
+
+    def predict(self, net: ComputeCostNet, idx: np.ndarray) -> torch.Tensor:
+        lengths = self.offsets[idx + 1] - self.offsets[idx]
+        starts = np.repeat(self.offsets[idx] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        rows = starts + np.arange(lengths.sum())
+        group = torch.from_numpy(np.repeat(np.arange(idx.size), lengths))
+        return net(self.features[torch.from_numpy(rows)], group, idx.size)
+
+
+@dataclass
+class _CommData:
+    inputs: torch.Tensor  # [samples, inputs]
+    targets: torch.Tensor  # [samples, devices]
+
+    def __len__(self) -> int:
+        return self.targets.shape[0]
+
+    def predict(self, net: CommCostNet, idx: np.ndarray) -> torch.Tensor:
+        return net(self.inputs[torch.from_numpy(idx)])
+
+
+def fit(
+    net: nn.Module,
+    data: _ComputeData | _CommData,
+    seed: int = 0,
+    epochs: int = 1000,
+    patience: int = 20,
+    lr: float = 1e-3,
+    batch_size: int = 128,
+) -> dict[str, float]:
+    """Train ``net`` with Adam on an 80/10/10 split, keeping the weights of the best validation MSE.
+
+    Stops when the validation MSE has not improved for ``patience`` epochs.
+
+    Returns:
+        MSE (ms^2) on the train, validation and test parts, the validation MSE before
+        training, and the epochs run.
+    """
+    n = len(data)
+    if n < 10:
+        raise DistrecError(f"only {n} cost samples; collect at least 10 (better thousands) with 'distrec plan collect'")
+    gen = torch.Generator().manual_seed(seed)
+    order = np.random.default_rng(seed).permutation(n)
+    parts = {"train": order[: int(0.8 * n)], "val": order[int(0.8 * n) : int(0.9 * n)], "test": order[int(0.9 * n) :]}
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+
+    def mse(idx: np.ndarray) -> float:
+        net.eval()
+        with torch.no_grad():
+            return float(((data.predict(net, idx) - data.targets[torch.from_numpy(idx)]) ** 2).mean())
+
+    initial_val = mse(parts["val"])
+    best = (initial_val, copy.deepcopy(net.state_dict()))
+    since_best = epoch = 0
+    for epoch in range(1, epochs + 1):
+        net.train()
+        train = parts["train"][torch.randperm(parts["train"].size, generator=gen).numpy()]
+        for start in range(0, train.size, batch_size):
+            idx = train[start : start + batch_size]
+            loss = ((data.predict(net, idx) - data.targets[torch.from_numpy(idx)]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        val = mse(parts["val"])
+        if val < best[0]:
+            best, since_best = (val, copy.deepcopy(net.state_dict())), 0
+        else:
+            since_best += 1
+            if since_best >= patience:
+                break
+    net.load_state_dict(best[1])
+    net.eval()
+    return {**{f"{k}_mse": mse(v) for k, v in parts.items()}, "initial_val_mse": initial_val, "epochs": epoch}
+
+
+HARDWARE_KEYS = ("torch", "cpu", "device_type", "device_name")
+
+
+def read_cost_samples(paths: list[str | Path]) -> tuple[list[dict], list[dict], dict]:
+    """The compute and comm records of ``distrec plan collect`` JSONL files, and their hardware.
+
+    Raises DistrecError if the files were measured on different hardware.
+    """
+    compute, comm, hardware, world_sizes = [], [], None, set()
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise DistrecError(f"cost data {str(p)!r} not found; produce it with 'distrec plan collect'")
+        for line_no, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                kind = rec["kind"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DistrecError(f"{str(p)!r} line {line_no} is not a cost record; delete the line or re-collect") from None
+            if kind == "hardware":
+                described = {k: rec.get(k) for k in HARDWARE_KEYS}
+                if hardware is not None and described != hardware:
+                    raise DistrecError(f"{str(p)!r} was measured on {described}, other data on {hardware}; train on one machine's data")
+                hardware = described
+                world_sizes.update(rec.get("world_sizes", []))
+            elif kind == "compute":
+                compute.append(rec)
+            elif kind == "comm":
+                comm.append(rec)
+    return compute, comm, {**(hardware or {}), "world_sizes": sorted(world_sizes)}
+
+
+def train_cost_models(
+    data_paths: list[str | Path] | str | Path,
+    out_path: str | Path | None = None,
+    seed: int = 0,
+    epochs: int = 1000,
+    patience: int = 20,
+    verbose: bool = True,
+) -> CostModels:
+    """Train the computation and communication models from collected micro-benchmarks.
+
+    Args:
+        data_paths: one or more JSONL files written by ``run_collect``.
+        out_path: where to save the models (atomically); None to skip saving.
+        seed: seed of the split, the initialisation and the batch order.
+        epochs: the most epochs per model; early stopping usually ends sooner.
+        patience: epochs without a better validation MSE before stopping.
+        verbose: print each model's test MSE.
+    """
+    paths = [data_paths] if isinstance(data_paths, (str, Path)) else list(data_paths)
+    compute_recs, comm_recs, hardware = read_cost_samples(paths)
+    if not compute_recs:
+        raise DistrecError("the cost data has no compute samples; run 'distrec plan collect' with compute samples")
+    batch_sizes = {r["batch_size"] for r in compute_recs + comm_recs}
+    if len(batch_sizes) != 1:
+        raise DistrecError(f"the cost data mixes batch sizes {sorted(batch_sizes)}; train on files collected with one batch size")
+    tables = [[TableSpec.from_dict(t, f"compute sample {r['id']}") for t in r["tables"]] for r in compute_recs]
+    lengths = np.array([len(t) for t in tables])
+    compute_data = _ComputeData(
+        torch.from_numpy(feature_matrix([t for ts in tables for t in ts])),
+        np.concatenate([[0], np.cumsum(lengths)]),
+        torch.tensor([r["ms"] for r in compute_recs], dtype=torch.float32),
+    )
+    # one thread: the nets are tiny and more threads only add synchronisation
+    with intra_op_threads(1), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        compute, comm, metrics = _fit_all(compute_data, comm_recs, seed, epochs, patience)
+    models = CostModels(compute, comm, batch_sizes.pop(), hardware, metrics)
+    if verbose:
+        for name, m in metrics.items():
+            print(f"{name}: test MSE {m['test_mse']:.4g} ms^2 (validation {m['val_mse']:.4g}, {m['epochs']} epochs)")
+    if out_path is not None:
+        models.save(out_path)
+    return models
+
+
+def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int):
+    """Train the computation model and a forward/backward pair per world size in the comm records."""
+    compute = ComputeCostNet()
+    compute.set_statistics(compute_data.features, compute_data.targets)
+    metrics = {"compute": fit(compute, compute_data, seed, epochs, patience)}
+    comm = {}
+    for d in sorted({r["world_size"] for r in comm_recs}):
+        recs = [r for r in comm_recs if r["world_size"] == d]
+        dims = torch.tensor([r["dim_sums"] for r in recs], dtype=torch.float32)
+        delays = torch.tensor([r["delays_ms"] for r in recs], dtype=torch.float32)
+        nets = []
+        for direction, inputs in (("fw", torch.cat([dims, delays], dim=1)), ("bw", dims)):
+            data = _CommData(inputs, torch.tensor([r[f"{direction}_ms"] for r in recs], dtype=torch.float32))
+            net = CommCostNet(inputs.shape[1], d)
+            net.set_statistics(data.inputs, data.targets)
+            metrics[f"{direction}_comm_{d}"] = fit(net, data, seed, epochs, patience)
+            nets.append(net)
+        comm[d] = (nets[0], nets[1])
+    return compute, comm, metrics

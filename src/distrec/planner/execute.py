@@ -1,0 +1,127 @@
+"""Execute sharding plans for real: embedding lookups and all-to-alls on D processes.
+
+Each rank builds the tables (or column shards) a plan gives it, with index batches drawn
+from the tables' pooling factors and histograms, and runs training steps: forward and
+backward lookups with an SGD update (``compute``), then the forward all-to-all of its
+pooled outputs (sized by the per-device dimension sums) and the backward all-to-all of the
+gradients. A device's cost is compute + forward + backward all-to-all (median ms over the
+timed steps); a plan costs the maximum over devices, as in the NeuroShard evaluation.
+
+The step is laid out as in steady-state training: after the backward all-to-all, a rank
+runs its backward lookups and the next forward lookups, so its forward all-to-all starts
+late by its compute time; the all-to-all makes early ranks wait for late ones.
+
+With ``share_cores`` (the default on the CPU, where D processes share a few cores), ranks
+first take turns to time their compute steps back to back, each alone as on a device of
+its own (median, in thread CPU time, see ``workload.compute_clock``), exactly as the
+compute micro-benchmark does; the timed steps then sleep for that time in place of the
+compute before their all-to-alls. Without it (the default on accelerators) every step
+computes for real, all ranks in parallel. The all-to-alls are always real and timed by the
+wall clock: waiting for late ranks is part of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tqdm import tqdm
+
+from distrec.parallel.plan import ShardingPlan
+from distrec.planner.emit import device_tables
+from distrec.planner.launch import spawn_group
+from distrec.planner.types import TableSpec
+from distrec.planner.workload import LookupWorkload, communication_step, default_device, median_ms, timed_ms
+
+COST_PARTS = ("compute", "fw_comm", "bw_comm", "total")
+
+
+def execute_plans(
+    plans: list[tuple[ShardingPlan, list[TableSpec]]],
+    batch_size: int = 4096,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    share_cores: bool | None = None,
+    progress: bool = False,
+) -> list[dict[str, list[float]]]:
+    """Run every plan (all for the same world size) in one group of spawned processes.
+
+    Args:
+        plans: (plan, the tables it places) pairs with equal ``world_size``.
+        batch_size: samples per step (a multiple of the world size).
+        warmup, repeats: steps discarded, and steps whose median is reported.
+        seed: seed of the weights and index batches.
+        device: device type; defaults to the accelerator, else the CPU.
+        share_cores: time-multiplex the ranks' compute (see the module doc); None = on the CPU.
+        progress: show a tqdm bar over the plans (only on a terminal).
+
+    Returns:
+        Per plan, per-device median costs in ms under ``compute``, ``fw_comm``, ``bw_comm``
+        and ``total``; the plan's cost is ``max(result["total"])``.
+    """
+    if not plans:
+        return []
+    world = plans[0][0].world_size
+    if any(p.world_size != world for p, _ in plans):
+        raise ValueError("execute_plans needs plans of one world size")
+    dev = torch.device(device) if device is not None else default_device()
+    share = dev.type == "cpu" if share_cores is None else share_cores
+    layouts = [device_tables(plan, tables) for plan, tables in plans]
+    results = mp.get_context("spawn").SimpleQueue()
+    show = progress and sys.stderr.isatty()
+    spawn_group(_execute_worker, world, dev.type, (layouts, batch_size, warmup, repeats, seed, share, show, results))
+    return results.get()
+
+
+def compute_in_turns(workload: LookupWorkload, warmup: int, repeats: int, device: torch.device) -> float:
+    """This rank's median compute time (ms), measured while every other rank waits its turn."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    compute = 0.0
+    for turn in range(world):
+        dist.barrier()
+        if turn == rank:
+            compute = median_ms(workload.step, device, warmup, repeats)
+    dist.barrier()
+    return compute
+
+
+def run_steps(
+    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, repeats: int, share_cores: bool, rng: np.random.Generator, device: torch.device
+) -> dict[str, float]:
+    """This rank's median compute, all-to-all and total times (ms) of training steps with ``tables``."""
+    rank = dist.get_rank()
+    workload = LookupWorkload(tables, batch_size, device, rng)
+    shared_compute = compute_in_turns(workload, warmup, repeats, device) if share_cores else 0.0
+    grad = torch.ones(batch_size, dim_sums[rank], device=device)
+    pooled = workload.forward().detach()
+    rows: list[tuple[float, float, float]] = []
+    for _ in range(warmup + repeats):
+        dist.barrier()
+        if share_cores:
+            compute = shared_compute
+            time.sleep(compute / 1e3)
+        else:
+            pooled, compute = timed_ms(lambda: workload.step(grad), device)
+        grad, fw, bw = communication_step(pooled, dim_sums, rank, device)
+        rows.append((compute, fw, bw))
+    med = np.median(np.array(rows[warmup:]), axis=0)
+    return {"compute": float(med[0]), "fw_comm": float(med[1]), "bw_comm": float(med[2]), "total": float(med.sum())}
+
+
+def _execute_worker(rank, world, device, layouts, batch_size, warmup, repeats, seed, share_cores, show, results) -> None:
+    out = []
+    for index, layout in enumerate(tqdm(layouts, desc="executing plans", unit="plan", disable=not (show and rank == 0))):
+        dim_sums = [sum(t.dim for t in ts) for ts in layout]
+        rng = np.random.default_rng([seed, index, rank])
+        mine = run_steps(layout[rank], dim_sums, batch_size, warmup, repeats, share_cores, rng, device)
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        out.append({part: [costs[part] for costs in every] for part in COST_PARTS})
+    if rank == 0:
+        results.put(out)

@@ -1,0 +1,301 @@
+"""NeuroShard's search: beam search over column splits, greedy placement, grid over a dim bound.
+
+For a set of column chunks (whole tables at first), a greedy placement puts chunks, most
+expensive first (by the cost model), on the device with the lowest predicted compute cost
+that has memory and whose summed dimension stays under a bound; the bound is grid-searched
+over M points from the mean summed dimension to 1.5x the mean, and the cost models score
+every placement (max over devices of compute + backward + forward all-to-all). The beam
+search (width K, L steps) halves the columns of one of the N largest or N most expensive
+chunks per step, keeping dimensions divisible by 4. Device compute costs are cached by the
+set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distrec.errors import DistrecError
+from distrec.planner.cost_models import CostPredictor
+from distrec.planner.placement import greedy_place
+from distrec.planner.types import BYTES_PER_FLOAT, Chunk, PlanConstraints, TableSpec, can_halve
+
+State = tuple[Chunk, ...]
+"""A set of column chunks covering every table, in canonical (table, first column) order."""
+
+
+def _canonical(chunks) -> State:
+    return tuple(sorted(chunks, key=lambda c: (c.table, c.col_start)))
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The search's knobs (defaults from the NeuroShard paper) and ablation switches.
+
+    Attributes:
+        beam_width: K, states kept per beam step.
+        candidates: N, the largest and the most expensive chunks tried for a split.
+        max_steps: L, beam steps (column splits) at most.
+        grid_points: M, dim bounds tried from the mean to ``grid_max`` x the mean.
+        grid_max: the largest dim bound, as a multiple of the mean summed dimension.
+        grid_search: False places without a dim bound (the "no grid search" ablation).
+        use_cache: False recomputes every device cost (the "no cache" ablation).
+    """
+
+    beam_width: int = 3
+    candidates: int = 10
+    max_steps: int = 10
+    grid_points: int = 11
+    grid_max: float = 1.5
+    grid_search: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
+            raise DistrecError(
+                f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, "
+                "steps >= 0 and the grid maximum >= 1"
+            )
+
+    @classmethod
+    def ablation(cls, name: str) -> SearchOptions:
+        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
+        variants = {
+            "full": cls(),
+            "no-beam": cls(beam_width=1),
+            "no-grid": cls(grid_search=False),
+            "no-cache": cls(use_cache=False),
+        }
+        if name not in variants:
+            raise DistrecError(f"unknown search variant {name!r}; choose one of: {', '.join(variants)}")
+        return variants[name]
+
+
+@dataclass
+class SearchResult:
+    """The best placement found and how the search went.
+
+    Attributes:
+        chunks: the column chunks of the plan.
+        device_of: the rank of every chunk.
+        costs: per-device predicted costs (ms): compute, bw_comm, fw_comm, total.
+        search_time_s: wall time of the search.
+        cache_lookups, cache_hits: device compute costs asked for, and found in the cache.
+        states: chunk sets (split choices) evaluated.
+    """
+
+    chunks: list[Chunk]
+    device_of: list[int]
+    costs: dict[str, np.ndarray]
+    search_time_s: float
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    states: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hits / self.cache_lookups if self.cache_lookups else 0.0
+
+    @property
+    def max_cost(self) -> float:
+        return float(self.costs["total"].max())
+
+
+def narrowest_shard(table: TableSpec, splittable: bool) -> int:
+    """Columns of the narrowest shard a table can be cut into by halving (its dim if not splittable)."""
+    dim = table.dim
+    while splittable and can_halve(dim):
+        dim //= 2
+    return dim
+
+
+def check_feasible(tables: list[TableSpec], num_devices: int, memory_per_device: int, constraints: PlanConstraints) -> None:
+    """Raise one DistrecError if no plan can hold these tables, whatever the search does."""
+    mib = 2**20
+    pinned_bytes = [0] * num_devices
+    for t in tables:
+        pinned = t.name in constraints.pins
+        width = narrowest_shard(t, splittable=t.name not in constraints.no_split and not pinned)
+        piece = t.num_rows * width * BYTES_PER_FLOAT
+        if piece > memory_per_device:
+            how = "whole" if width == t.dim else f"even split into {width}-column shards"
+            raise DistrecError(
+                f"table {t.name!r} needs {piece / mib:.1f} MiB on one device {how}, but a device has "
+                f"{memory_per_device / mib:.1f} MiB; raise --memory-per-device, allow splitting it, or shrink the table"
+            )
+        if pinned:
+            pinned_bytes[constraints.pins[t.name]] += t.num_bytes
+    total = sum(t.num_bytes for t in tables)
+    if total > num_devices * memory_per_device:
+        raise DistrecError(
+            f"the tables need {total / mib:.1f} MiB but {num_devices} devices hold {num_devices * memory_per_device / mib:.1f} MiB; "
+            "use more devices or a larger --memory-per-device"
+        )
+    for rank, used in enumerate(pinned_bytes):
+        if used > memory_per_device:
+            raise DistrecError(
+                f"tables pinned to rank {rank} need {used / mib:.1f} MiB, over its {memory_per_device / mib:.1f} MiB; pin fewer tables there"
+            )
+
+
+@dataclass
+class _Evaluation:
+    cost: float
+    device_of: list[int] | None = None
+    device_compute: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _ChunkInfo:
+    embedding: np.ndarray  # the computation model's 32-wide table embedding
+    cost: float  # predicted compute cost (ms) of the chunk alone on a device
+    code: int  # random 64-bit code; a device's chunk multiset hashes to the sum of its codes
+
+
+_HASH_MASK = 2**64 - 1
+
+
+class NeuroShardSearch:
+    """One planning problem: tables, devices, memory, cost models, constraints and options."""
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        num_devices: int,
+        memory_per_device: int,
+        predictor: CostPredictor,
+        constraints: PlanConstraints | None = None,
+        options: SearchOptions | None = None,
+    ) -> None:
+        self.tables = tables
+        self.num_devices = num_devices
+        self.memory = memory_per_device
+        self.predictor = predictor
+        self.constraints = constraints or PlanConstraints()
+        self.options = options or SearchOptions()
+        self._pin_of = {i: self.constraints.pins[t.name] for i, t in enumerate(tables) if t.name in self.constraints.pins}
+        self._splittable = [t.name not in self.constraints.no_split and i not in self._pin_of for i, t in enumerate(tables)]
+        self._chunks: dict[tuple[int, int], _ChunkInfo] = {}
+        self._codes = np.random.default_rng(0)
+        self._cache: dict[int, float] = {}
+        self.cache_lookups = self.cache_hits = 0
+
+    # -- cost model access -------------------------------------------------------------
+
+    def _chunk(self, table: int, dim: int) -> _ChunkInfo:
+        """Embedding, lone cost and hash code of a chunk of ``dim`` columns of ``table`` (memoised)."""
+        key = (table, dim)
+        if key not in self._chunks:
+            emb = self.predictor.embed([self.tables[table].with_dim(dim)])[0]
+            cost = float(self.predictor.device_compute(emb)[0])
+            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1)
+        return self._chunks[key]
+
+    def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
+        """Predicted compute cost (ms) of a device, cached by the hash of its chunk multiset.
+
+        The hash is the sum (mod 2**64) of random 64-bit chunk codes (Zobrist hashing), so
+        it is updated in O(1) as chunks are added; two different sets collide with
+        probability about 2**-64.
+        """
+        self.cache_lookups += 1
+        if self.options.use_cache and set_hash in self._cache:
+            self.cache_hits += 1
+            return self._cache[set_hash]
+        cost = float(self.predictor.device_compute(summed_embedding)[0])
+        if self.options.use_cache:
+            self._cache[set_hash] = cost
+        return cost
+
+    # -- placement ---------------------------------------------------------------------
+
+    def _evaluate(self, state: State) -> _Evaluation:
+        """The best greedy placement of ``state`` over the grid of dim bounds."""
+        opts = self.options
+        info = [self._chunk(c.table, c.dim) for c in state]
+        sizes = [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in state]
+        dims = [c.dim for c in state]
+        order = sorted(range(len(state)), key=lambda i: (-info[i].cost, -sizes[i], i))
+        pins = {i: self._pin_of[c.table] for i, c in enumerate(state) if c.table in self._pin_of}
+        mean_dim = sum(dims) / self.num_devices
+        bounds = mean_dim * np.linspace(1.0, opts.grid_max, opts.grid_points) if opts.grid_search else [math.inf]
+        best = _Evaluation(math.inf)
+        for bound in bounds:
+            summed = np.zeros((self.num_devices, info[0].embedding.size))
+            hashes = [0] * self.num_devices
+
+            def add_item(device: int, item: int) -> float:
+                summed[device] += info[item].embedding
+                hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
+                return self._device_compute(hashes[device], summed[device])
+
+            placed = greedy_place(order, sizes, dims, self.num_devices, self.memory, add_item, pins, bound)
+            if placed is None:
+                continue
+            device_of, compute = placed
+            dim_sums = np.zeros(self.num_devices)
+            np.add.at(dim_sums, device_of, dims)
+            cost = float(self.predictor.plan_costs(np.array(compute), dim_sums)["total"].max())
+            if cost < best.cost:
+                best = _Evaluation(cost, device_of, compute)
+        return best
+
+    # -- splits ------------------------------------------------------------------------
+
+    def _mandatory_splits(self) -> State:
+        """Whole tables, halving any chunk too big for one device while it can be halved."""
+        chunks = []
+        pending = [Chunk(i, 0, t.dim) for i, t in enumerate(self.tables)]
+        while pending:
+            c = pending.pop()
+            too_big = self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT > self.memory
+            if too_big and self._splittable[c.table] and can_halve(c.dim):
+                pending.extend(c.halves())
+            else:
+                chunks.append(c)
+        return _canonical(chunks)
+
+    def _split_candidates(self, state: State) -> list[int]:
+        """Positions of the N largest and the N most expensive chunks that can be halved."""
+        n = self.options.candidates
+        splittable = [i for i, c in enumerate(state) if self._splittable[c.table] and can_halve(c.dim)]
+        by_size = sorted(splittable, key=lambda i: (-self.tables[state[i].table].num_rows * state[i].dim, i))[:n]
+        by_cost = sorted(splittable, key=lambda i: (-self._chunk(state[i].table, state[i].dim).cost, i))[:n]
+        return sorted(set(by_size) | set(by_cost))
+
+    def run(self) -> SearchResult:
+        """Search, and return the best placement found (DistrecError if none fits)."""
+        start = time.perf_counter()
+        root = self._mandatory_splits()
+        best_state, best = root, self._evaluate(root)
+        seen = {root}
+        beam = [(best.cost, root)]
+        for _ in range(self.options.max_steps):
+            children = []
+            for _, state in beam:
+                for pos in self._split_candidates(state):
+                    child = _canonical(state[:pos] + state[pos].halves() + state[pos + 1 :])
+                    if child in seen:
+                        continue
+                    seen.add(child)
+                    ev = self._evaluate(child)
+                    children.append((ev.cost, child))
+                    if ev.cost < best.cost:
+                        best_state, best = child, ev
+            if not children:
+                break
+            beam = sorted(children, key=lambda x: x[0])[: self.options.beam_width]
+        if best.device_of is None:
+            raise DistrecError(
+                f"no placement of the tables fits {self.num_devices} devices of {self.memory / 2**20:.1f} MiB; "
+                "use more devices, more memory, or fewer pins and no-split constraints"
+            )
+        dim_sums = np.zeros(self.num_devices)
+        np.add.at(dim_sums, best.device_of, [c.dim for c in best_state])
+        costs = self.predictor.plan_costs(np.array(best.device_compute), dim_sums)
+        return SearchResult(
+            list(best_state), best.device_of, costs, time.perf_counter() - start, self.cache_lookups, self.cache_hits, len(seen)
+        )

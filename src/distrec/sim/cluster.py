@@ -1,0 +1,127 @@
+"""The cluster the simulator predicts for: GPUs in hosts, two kinds of links, peak compute.
+
+Hardware presets (per GPU; bandwidths one direction). The DMT paper (Luo et al., MLSys 2024,
+Table 1) compares V100, A100 and H100 clusters by peak FLOP/s, scale-up (intra-host) and
+scale-out (cross-host) bandwidth per GPU; its table could not be retrieved here, so the
+values below are the vendors' public specifications of the same generations:
+
+- peak FLOP/s: dense FP16/BF16 tensor-core peak from NVIDIA's V100 SXM2, A100 SXM4 and
+  H100 SXM5 datasheets (125, 312, 989 TFLOP/s);
+- scale-up: NVLink 2/3/4 per-GPU bandwidth (300, 600, 900 GB/s both directions, NVIDIA
+  datasheets), halved to one direction;
+- scale-out: one NIC per GPU of 100, 200 (HDR, DGX A100) and 400 Gbit/s (NDR, DGX H100).
+
+Link latencies and efficiencies are assumptions of this model, meant to be replaced by
+``distrec.sim.calibrate.fit_link`` on measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from distrec.errors import DistrecError
+
+# Per-message latency of one peer-to-peer transfer inside an NCCL-style collective (s).
+# Assumed orders of magnitude: NVLink ~5 us, RDMA NIC ~15 us; calibrate for real numbers.
+SCALE_UP_LATENCY_S = 5e-6
+SCALE_OUT_LATENCY_S = 15e-6
+# Fraction of the nominal link bandwidth collectives reach (assumed; calibrate).
+LINK_EFFICIENCY = 0.8
+# Fraction of peak FLOP/s the dense layers reach (assumed; recommendation MLPs are small).
+COMPUTE_EFFICIENCY = 0.3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU generation: peak compute and per-GPU link bandwidths (one direction)."""
+
+    name: str
+    peak_flops: float  # FLOP/s
+    scale_up_bandwidth: float  # bytes/s, intra-host
+    scale_out_bandwidth: float  # bytes/s, cross-host
+
+
+HARDWARE: dict[str, Hardware] = {
+    "V100": Hardware("V100", peak_flops=125e12, scale_up_bandwidth=150e9, scale_out_bandwidth=12.5e9),
+    "A100": Hardware("A100", peak_flops=312e12, scale_up_bandwidth=300e9, scale_out_bandwidth=25e9),
+    "H100": Hardware("H100", peak_flops=989e12, scale_up_bandwidth=450e9, scale_out_bandwidth=50e9),
+}
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """A link class: ``time = messages x latency + bytes / (bandwidth x efficiency)``.
+
+    Attributes:
+        latency_s: fixed cost of one message (s).
+        bandwidth: nominal bandwidth (bytes/s, one direction).
+        efficiency: fraction of the nominal bandwidth reached, in (0, 1].
+    """
+
+    latency_s: float
+    bandwidth: float
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0 or self.bandwidth <= 0 or not 0 < self.efficiency:
+            raise DistrecError(
+                f"link latency {self.latency_s} s, bandwidth {self.bandwidth} B/s, efficiency {self.efficiency} is "
+                "invalid; latency must be >= 0, bandwidth and efficiency > 0"
+            )
+
+    def time_s(self, num_bytes: float, messages: int = 1) -> float:
+        """Seconds to send ``num_bytes`` in ``messages`` messages over this link."""
+        return messages * self.latency_s + num_bytes / (self.bandwidth * self.efficiency)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``hosts`` hosts of ``gpus_per_host`` GPUs, linked inside hosts by ``scale_up`` and
+    across hosts by ``scale_out`` (each GPU has its own share of both)."""
+
+    hosts: int
+    gpus_per_host: int
+    peak_flops: float
+    compute_efficiency: float
+    scale_up: LinkParams
+    scale_out: LinkParams
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.gpus_per_host < 1:
+            raise DistrecError(f"cluster of {self.hosts} x {self.gpus_per_host} GPUs is invalid; both must be >= 1")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.hosts * self.gpus_per_host
+
+    @classmethod
+    def from_hardware(
+        cls,
+        hardware: Hardware | str,
+        num_gpus: int,
+        gpus_per_host: int = 8,
+        compute_efficiency: float = COMPUTE_EFFICIENCY,
+        link_efficiency: float = LINK_EFFICIENCY,
+    ) -> Cluster:
+        """A cluster of ``num_gpus`` GPUs of a preset (or given) hardware generation."""
+        if isinstance(hardware, str):
+            if hardware not in HARDWARE:
+                raise DistrecError(f"unknown hardware {hardware!r}; choose one of: {', '.join(HARDWARE)}")
+            hardware = HARDWARE[hardware]
+        if num_gpus % gpus_per_host != 0:
+            raise DistrecError(
+                f"{num_gpus} GPUs do not fill hosts of {gpus_per_host}; use a multiple of {gpus_per_host}"
+            )
+        return cls(
+            hosts=num_gpus // gpus_per_host,
+            gpus_per_host=gpus_per_host,
+            peak_flops=hardware.peak_flops,
+            compute_efficiency=compute_efficiency,
+            scale_up=LinkParams(SCALE_UP_LATENCY_S, hardware.scale_up_bandwidth, link_efficiency),
+            scale_out=LinkParams(SCALE_OUT_LATENCY_S, hardware.scale_out_bandwidth, link_efficiency),
+        )
+
+    def replace(self, **changes) -> Cluster:
+        """A copy with some fields changed (e.g. calibrated links)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,277 @@
+"""Tower partitioner (DMT's TP, Luo et al., MLSys 2024): group features into balanced towers.
+
+From a trained model's pooled embeddings ``[B, F, D]``:
+
+1. interaction matrix ``I(i, j) = |mean over the batch of cosine(E_i, E_j)|``;
+2. distances ``1 - I`` (``coherent``: features that interact share a tower) or ``I``
+   (``diverse``: they are spread over towers);
+3. coordinates X in ``dims`` dimensions minimising the stress
+   ``sum over pairs i < j of (||X_i - X_j|| - D_ij)^2`` with Adam (seeded);
+4. constrained k-means (the ``k-means-constrained`` package) into T towers whose sizes lie
+   in ``[size_min, size_max]`` with ``size_max <= max_ratio x size_min``.
+
+``naive`` is the strided baseline: feature i goes to tower ``i % T``.
+
+Example:
+    >>> interaction = interaction_matrix(pooled)                      # doctest: +SKIP
+    >>> part = partition_features(names, 4, "coherent", interaction)  # doctest: +SKIP
+    >>> part.save("towers.json"); plot_similarity(interaction, names, part, "towers.png")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from k_means_constrained import KMeansConstrained
+
+from distrec.errors import DistrecError
+from distrec.io import atomic_write_bytes, atomic_write_json
+
+STRATEGIES = ("coherent", "diverse", "naive")
+
+
+@dataclass
+class TowerPartition:
+    """Features grouped into towers (tower t is placed on host t).
+
+    Attributes:
+        towers: feature names of each tower.
+        strategy: "coherent", "diverse" or "naive".
+        max_ratio: the balance bound K used (largest tower <= K x smallest); None for naive.
+        stress: final stress of the feature coordinates; None for naive.
+        seed: seed of the coordinates and the k-means.
+    """
+
+    towers: list[list[str]]
+    strategy: str
+    max_ratio: float | None = None
+    stress: float | None = None
+    seed: int = 0
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.towers)
+
+    def assignment(self, names: Sequence[str]) -> np.ndarray:
+        """int64 [F]: the tower of each feature in ``names`` order."""
+        self.validate(names)
+        tower_of = {name: t for t, tower in enumerate(self.towers) for name in tower}
+        return np.array([tower_of[name] for name in names], dtype=np.int64)
+
+    def feature_indices(self, names: Sequence[str]) -> list[list[int]]:
+        """Each tower as indices into ``names`` (the input of ``FeatureLayout.from_towers``)."""
+        self.validate(names)
+        index = {name: i for i, name in enumerate(names)}
+        return [[index[name] for name in tower] for tower in self.towers]
+
+    def validate(self, names: Sequence[str] | None = None) -> None:
+        """Check the towers are non-empty and disjoint, and cover exactly ``names`` if given."""
+        if self.strategy not in STRATEGIES:
+            raise DistrecError(
+                f"tower partition strategy {self.strategy!r} is unknown; use one of: {', '.join(STRATEGIES)}"
+            )
+        listed = [name for tower in self.towers for name in tower]
+        if not self.towers or any(not tower for tower in self.towers):
+            raise DistrecError("tower partition has an empty tower; regenerate it with 'distrec partition'")
+        if len(listed) != len(set(listed)):
+            raise DistrecError("tower partition lists a feature in two towers; regenerate it with 'distrec partition'")
+        if names is not None and set(listed) != set(names):
+            missing, unknown = sorted(set(names) - set(listed)), sorted(set(listed) - set(names))
+            raise DistrecError(
+                f"tower partition does not match the model's features (missing: {missing or 'none'}, "
+                f"unknown: {unknown or 'none'}); regenerate it for this data with 'distrec partition'"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TowerPartition:
+        try:
+            part = cls(
+                towers=[[str(name) for name in tower] for tower in d["towers"]],
+                strategy=str(d["strategy"]),
+                max_ratio=None if d.get("max_ratio") is None else float(d["max_ratio"]),
+                stress=None if d.get("stress") is None else float(d["stress"]),
+                seed=int(d.get("seed", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DistrecError(
+                f"tower partition is malformed ({type(e).__name__}: {e}); regenerate it with 'distrec partition'"
+            ) from None
+        part.validate()
+        return part
+
+    def save(self, path: str | Path) -> None:
+        """Write the partition as JSON (atomically)."""
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> TowerPartition:
+        p = Path(path)
+        if not p.is_file():
+            raise DistrecError(
+                f"tower partition {str(p)!r} not found; check the --towers path or run 'distrec partition'"
+            )
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise DistrecError(
+                f"tower partition {str(p)!r} is not valid JSON ({e}); regenerate it with 'distrec partition'"
+            ) from None
+        return cls.from_dict(d)
+
+
+def interaction_matrix(pooled: torch.Tensor) -> torch.Tensor:
+    """``[F, F]`` |mean over samples of cosine(E_i, E_j)| of pooled embeddings ``[B, F, D]``."""
+    unit = torch.nn.functional.normalize(pooled, dim=2)
+    return torch.einsum("bid,bjd->ij", unit, unit).div_(pooled.shape[0]).abs_()
+
+
+def feature_distances(interaction: torch.Tensor, strategy: str) -> torch.Tensor:
+    """Target distances: ``1 - I`` for coherent towers, ``I`` for diverse ones."""
+    if strategy == "coherent":
+        return 1 - interaction
+    if strategy == "diverse":
+        return interaction.clone()
+    raise DistrecError(f"strategy {strategy!r} has no distances; use coherent or diverse")
+
+
+def embed_features(
+    distances: torch.Tensor, dims: int = 4, steps: int = 500, lr: float = 0.05, seed: int = 0
+) -> tuple[torch.Tensor, float]:
+    """Coordinates ``[F, dims]`` whose pairwise distances approximate ``distances`` (Adam on stress).
+
+    Returns the coordinates and their final stress (sum over pairs of squared errors).
+    """
+    num = distances.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    coords = (0.1 * torch.randn(num, dims, generator=gen, dtype=torch.float64)).to(distances.device).requires_grad_()
+    target = distances.to(torch.float64)
+    upper = torch.triu_indices(num, num, offset=1, device=distances.device)
+    optimizer = torch.optim.Adam([coords], lr=lr)
+
+    def stress() -> torch.Tensor:
+        diff = coords[upper[0]] - coords[upper[1]]
+        # the epsilon keeps the gradient of the norm finite where two points coincide
+        return (diff.square().sum(1).add(1e-12).sqrt() - target[upper[0], upper[1]]).square().sum()
+
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = stress()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        return coords.detach(), float(stress())
+
+
+def tower_size_bounds(num_features: int, num_towers: int, max_ratio: float) -> tuple[int, int]:
+    """``(size_min, size_max)`` for T towers over F features with ``size_max <= K x size_min``.
+
+    Among the feasible bounds (``T x size_min <= F <= T x size_max``) picks the widest range,
+    preferring the larger minimum on ties, so k-means may follow the data as far as K allows.
+    """
+    _check_tower_count(num_features, num_towers)
+    if max_ratio < 1:
+        raise DistrecError(f"--max-ratio {max_ratio} is below 1; the largest tower cannot be smaller than the smallest")
+    size_min = np.arange(1, num_features // num_towers + 1)
+    largest_allowed = np.floor(max_ratio * size_min + 1e-9).astype(np.int64)
+    size_max = np.minimum(largest_allowed, num_features - (num_towers - 1) * size_min)
+    feasible = (num_towers * size_max >= num_features) & (size_max >= size_min)
+    if not feasible.any():
+        needed = -(-num_features // num_towers) / (num_features // num_towers)
+        raise DistrecError(
+            f"{num_features} features cannot form {num_towers} towers with max size <= {max_ratio} x min size; "
+            f"use --max-ratio {needed:.2f} or more, or a number of towers that divides {num_features}"
+        )
+    width = np.where(feasible, size_max - size_min, -1)
+    best = np.flatnonzero(width == width.max())[-1]
+    return int(size_min[best]), int(size_max[best])
+
+
+def constrained_kmeans(coords: torch.Tensor, num_towers: int, max_ratio: float, seed: int = 0) -> np.ndarray:
+    """int64 [F]: tower of each feature, balanced by ``tower_size_bounds``."""
+    size_min, size_max = tower_size_bounds(coords.shape[0], num_towers, max_ratio)
+    kmeans = KMeansConstrained(n_clusters=num_towers, size_min=size_min, size_max=size_max, random_state=seed)
+    return kmeans.fit_predict(coords.detach().cpu().numpy().astype(np.float64)).astype(np.int64)
+
+
+def naive_assignment(num_features: int, num_towers: int) -> np.ndarray:
+    """int64 [F]: the strided baseline, feature i in tower ``i % T``."""
+    _check_tower_count(num_features, num_towers)
+    return np.arange(num_features, dtype=np.int64) % num_towers
+
+
+def partition_features(
+    names: Sequence[str],
+    num_towers: int,
+    strategy: str,
+    interaction: torch.Tensor | None = None,
+    max_ratio: float = 2.0,
+    dims: int = 4,
+    steps: int = 500,
+    seed: int = 0,
+) -> TowerPartition:
+    """Group ``names`` into ``num_towers`` towers.
+
+    Args:
+        names: feature names, in the order of the rows of ``interaction``.
+        num_towers: T (one tower per host).
+        strategy: "coherent", "diverse" or "naive".
+        interaction: ``[F, F]`` from ``interaction_matrix`` (unused by naive).
+        max_ratio: K, the bound on largest / smallest tower size.
+        dims, steps, seed: the coordinate embedding's dimensions, Adam steps and seed.
+    """
+    if strategy not in STRATEGIES:
+        raise DistrecError(f"unknown tower strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if strategy == "naive":
+        labels, stress, ratio = naive_assignment(len(names), num_towers), None, None
+    else:
+        if interaction is None or interaction.shape != (len(names), len(names)):
+            raise ValueError(f"strategy {strategy} needs an interaction matrix of shape ({len(names)}, {len(names)})")
+        coords, stress = embed_features(feature_distances(interaction, strategy), dims, steps, seed=seed)
+        labels, ratio = constrained_kmeans(coords, num_towers, max_ratio, seed), max_ratio
+    # towers numbered by their first feature, features kept in input order
+    firsts = sorted(np.unique(labels), key=lambda t: int(np.flatnonzero(labels == t)[0]))
+    towers = [[names[i] for i in np.flatnonzero(labels == t)] for t in firsts]
+    return TowerPartition(towers, strategy, ratio, stress, seed)
+
+
+def plot_similarity(
+    interaction: torch.Tensor, names: Sequence[str], partition: TowerPartition, path: str | Path
+) -> None:
+    """Write a PNG of the interaction matrix with features ordered by tower (DMT paper, Fig. 9)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    order = [i for tower in partition.feature_indices(names) for i in tower]
+    matrix = interaction.detach().cpu().numpy()[np.ix_(order, order)]
+    fig = Figure(figsize=(7, 6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, label="|mean cosine|")
+    for edge in np.cumsum([len(t) for t in partition.towers])[:-1] - 0.5:
+        ax.axhline(edge, color="white", linewidth=1)
+        ax.axvline(edge, color="white", linewidth=1)
+    if len(order) <= 64:
+        labels = [names[i] for i in order]
+        ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(order)), labels, fontsize=6)
+    ax.set_title(f"feature interaction, {partition.num_towers} {partition.strategy} towers")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _check_tower_count(num_features: int, num_towers: int) -> None:
+    if not 1 <= num_towers <= num_features:
+        raise DistrecError(
+            f"{num_towers} towers for {num_features} features; use between 1 and {num_features} towers"
+        )

@@ -1,0 +1,115 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from distrec.data.criteo import CriteoWriter, read_criteo
+from distrec.data.source import Chunk
+from distrec.errors import DistrecError
+
+
+def criteo_line(label="0", ints=None, cats=None) -> str:
+    ints = ints if ints is not None else ["1"] * 13
+    cats = cats if cats is not None else ["68fd1e64"] * 26
+    return "\t".join([label, *ints, *cats])
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def read_all(path, **kwargs):
+    source = read_criteo(path, **kwargs)
+    chunks = list(source.chunks)
+    return source, Chunk.concat(chunks, 13, 26)
+
+
+def test_empty_fields_negative_ints_and_hashes(tmp_path):
+    ints = ["", "-3", "0", "7"] + ["1"] * 9
+    cats = ["", "0000000a", "FFFFFFFF"] + ["68fd1e64"] * 23
+    _, chunk = read_all(write(tmp_path / "a.tsv", [criteo_line("1", ints, cats)]))
+    assert chunk.labels.tolist() == [1.0]
+    np.testing.assert_allclose(chunk.dense[0, :4], [0.0, 0.0, 0.0, np.log(8.0)], rtol=1e-6)
+    raw = [values[0] for values, _ in chunk.sparse[:4]]
+    assert raw == [0, 0xA + 1, 0xFFFFFFFF + 1, 0x68FD1E64 + 1]
+    assert all(lengths.tolist() == [1] for _, lengths in chunk.sparse)
+
+
+def test_malformed_rows_skipped_counted_and_located(tmp_path):
+    lines = [
+        criteo_line("0"),                                   # 1 ok
+        "\t".join(["1"] * 39),                              # 2 too few columns
+        criteo_line("1"),                                   # 3 ok
+        criteo_line("0") + "\textra",                       # 4 too many columns
+        criteo_line("0", ints=["x1"] + ["1"] * 12),         # 5 non-numeric integer
+        criteo_line("1", ints=["1.5"] + ["1"] * 12),        # 6 not an integer
+        criteo_line("0", cats=["zz"] + ["1"] * 25),         # 7 not hex
+        criteo_line("2"),                                   # 8 label not 0/1
+        "",                                                 # 9 empty line
+        criteo_line("1"),                                   # 10 ok
+    ]
+    source, chunk = read_all(write(tmp_path / "bad.tsv", lines), chunk_rows=2)
+    assert chunk.labels.tolist() == [0.0, 1.0, 1.0]
+    assert source.malformed.count == 7
+    assert [line for line, _ in source.malformed.first] == [2, 4, 5, 6, 7]
+    reasons = dict(source.malformed.first)
+    assert "columns" in reasons[2] and "I1" in reasons[5] and "C1" in reasons[7]
+
+
+def test_strict_names_file_and_first_bad_line(tmp_path):
+    path = write(tmp_path / "bad.tsv", [criteo_line("0"), criteo_line("0"), criteo_line("0", ints=["abc"] + ["1"] * 12)])
+    with pytest.raises(DistrecError, match=r"bad\.tsv: line 3: I1 is not an integer"):
+        read_all(path, strict=True)
+
+
+def test_gzip_equals_plain(tmp_path, shared_data):
+    plain = shared_data / "criteo" / "criteo_kaggle_tiny.tsv"
+    packed = tmp_path / "tiny.tsv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    _, a = read_all(plain, chunk_rows=64)
+    _, b = read_all(packed, chunk_rows=50)
+    np.testing.assert_array_equal(a.dense, b.dense)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    for (va, la), (vb, lb) in zip(a.sparse, b.sparse):
+        np.testing.assert_array_equal(va, vb)
+        np.testing.assert_array_equal(la, lb)
+
+
+def test_kaggle_sample(shared_data):
+    source, chunk = read_all(shared_data / "criteo" / "criteo_kaggle_sample.tsv", chunk_rows=1000)
+    assert chunk.num_rows == 4380 and source.malformed.count == 0
+    assert 0.2 < chunk.labels.mean() < 0.24  # the README's 22% clicks
+    assert (chunk.dense >= 0).all() and (chunk.dense > 0).any()
+    missing = np.mean([np.mean(values == 0) for values, _ in chunk.sparse])
+    assert 0 < missing < 0.2  # some categorical values are empty, most are present
+
+
+def test_tiny_sample_first_row(shared_data):
+    _, chunk = read_all(shared_data / "criteo" / "criteo_kaggle_tiny.tsv")
+    assert chunk.num_rows == 200
+    # first line: 0  1 1 5 0 1382 4 15 2 181 1 2 <empty> 2  68fd1e64 ...
+    np.testing.assert_allclose(chunk.dense[0, :3], np.log1p([1, 1, 5]), rtol=1e-6)
+    assert chunk.dense[0, 11] == 0.0
+    assert chunk.sparse[0][0][0] == 0x68FD1E64 + 1
+
+
+def test_writer_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 50
+    counts = rng.integers(0, 1000, (n, 13))
+    raw = [np.where(rng.random(n) < 0.2, 0, rng.integers(1, 1 << 32, n)) for _ in range(26)]
+    chunk = Chunk(np.log1p(counts).astype(np.float32), (rng.random(n) < 0.3).astype(np.float32),
+                  [(r, np.ones(n, np.int32)) for r in raw])
+    with CriteoWriter(tmp_path / "out.tsv.gz") as writer:
+        writer.write(chunk)
+    _, back = read_all(tmp_path / "out.tsv.gz")
+    np.testing.assert_array_equal(back.dense, chunk.dense)
+    np.testing.assert_array_equal(back.labels, chunk.labels)
+    for (values, _), expected in zip(back.sparse, raw):
+        np.testing.assert_array_equal(values, expected)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DistrecError, match="not found; check --data"):
+        read_criteo(tmp_path / "nope.tsv")

@@ -1,0 +1,140 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from distrec.data.columns import hash_strings
+from distrec.data.source import Chunk
+from distrec.data.tabular import load_schema, read_tabular
+from distrec.errors import DistrecError
+
+SCHEMA = """
+label: rating
+threshold: 4
+dense: [age, price]
+categorical:
+  - user
+  - {name: tags, separator: "|"}
+"""
+
+CSV = """user,age,rating,price,tags,unused
+u1,20,5,1.5,a|b,x
+u2,,3,2,,x
+u1,31,4,abc,b,x
+u3,40,,1,a,x
+u2,50,2,0.5,c||a,x
+"""
+
+
+def read_all(path, schema, fmt, **kwargs):
+    source = read_tabular(path, schema, fmt, **kwargs)
+    return source, Chunk.concat(list(source.chunks), len(source.dense), len(source.features))
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_csv_with_schema(tmp_path):
+    schema = write(tmp_path / "s.yaml", SCHEMA)
+    source, chunk = read_all(write(tmp_path / "d.csv", CSV), schema, "csv", chunk_rows=2)
+    assert [f.name for f in source.features] == ["user", "tags"]
+    assert [f.multi_hot for f in source.features] == [False, True]
+    assert chunk.labels.tolist() == [1.0, 0.0, 0.0]  # rating >= 4
+    np.testing.assert_array_equal(chunk.dense, [[20, 1.5], [0, 2], [50, 0.5]])  # missing age = 0
+    assert source.malformed.count == 2
+    assert source.malformed.first[0][0] == 4 and "price" in source.malformed.first[0][1]  # line 4: price abc
+    assert source.malformed.first[1][0] == 5 and "label" in source.malformed.first[1][1]  # line 5: no rating
+    users, _ = chunk.sparse[0]
+    assert users[0] != users[1] and users[0] == hash_strings(pa.array(["u1"]))[0]
+    tags, lengths = chunk.sparse[1]
+    assert lengths.tolist() == [2, 0, 2]  # "a|b", "", "c||a" (empty items dropped)
+    a, b, c = hash_strings(pa.array(["a", "b", "c"]))
+    assert tags.tolist() == [a, b, c, a]
+
+
+def test_parquet_matches_csv_and_list_columns(tmp_path):
+    schema = write(tmp_path / "s.yaml", SCHEMA)
+    table = pa.table({
+        "user": ["u1", "u2", "u3"], "age": [20, None, 40], "rating": [5.0, 3.0, 4.0],
+        "price": [1.5, 2.0, 1.0], "tags": [["a", "b"], None, ["c"]],
+    })
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=2)
+    source, chunk = read_all(tmp_path / "d.parquet", schema, "parquet", chunk_rows=2)
+    assert source.features[1].multi_hot
+    assert chunk.labels.tolist() == [1.0, 0.0, 1.0]
+    np.testing.assert_array_equal(chunk.dense, [[20, 1.5], [0, 2], [40, 1]])
+    csv = write(tmp_path / "d.csv", "user,age,rating,price,tags\nu1,20,5,1.5,a|b\nu2,,3,2,\nu3,40,4,1,c\n")
+    _, from_csv = read_all(csv, schema, "csv")
+    for (va, la), (vb, lb) in zip(chunk.sparse, from_csv.sparse):
+        np.testing.assert_array_equal(va, vb)
+        np.testing.assert_array_equal(la, lb)
+
+
+def test_headerless_csv_with_delimiter_and_binary_label(tmp_path):
+    schema = write(tmp_path / "s.yaml", "label: y\ndense: [x]\ncategorical: [c]\ndelimiter: ';'\nheader: false\ncolumns: [y, x, c]\n")
+    source, chunk = read_all(write(tmp_path / "d.csv", "1;0.5;p\n0;1;q\n3;1;q\n"), schema, "csv")
+    assert chunk.labels.tolist() == [1.0, 0.0]
+    assert source.malformed.first[0][0] == 3 and "threshold" in source.malformed.first[0][1]
+
+
+def test_strict_mode(tmp_path):
+    schema = write(tmp_path / "s.yaml", SCHEMA)
+    with pytest.raises(DistrecError, match=r"d\.csv: line 4: 'price' is not a number"):
+        read_all(write(tmp_path / "d.csv", CSV), schema, "csv", strict=True)
+
+
+def test_avazu_sample(shared_data, tmp_path):
+    columns = ["hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
+               "app_category", "device_id", "device_ip", "device_model", "device_type", "device_conn_type",
+               "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21"]
+    schema = write(tmp_path / "avazu.yaml", "label: click\ncategorical: [" + ", ".join(columns) + "]\n")
+    source, chunk = read_all(shared_data / "avazu" / "avazu_sample.csv", schema, "csv", chunk_rows=100)
+    assert chunk.num_rows == 499 and source.malformed.count == 0
+    assert 0 < chunk.labels.mean() < 0.5
+    assert chunk.dense.shape == (499, 0)
+    site_id = chunk.sparse[3][0]
+    assert (site_id >= 1).all() and site_id[0] == site_id[1]  # first two rows share site 1fbe01fe
+    assert len(np.unique(chunk.sparse[10][0])) > 100  # device_ip is nearly unique
+
+
+def test_fnv1a_reference_value():
+    # FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (reference test vectors); raw id = (h >> 2) + 1
+    assert hash_strings(pa.array(["a", "", None])).tolist() == [(0xAF63DC4C8601EC8C >> 2) + 1, 0, 0]
+    assert hash_strings(pa.array([7])).tolist() == hash_strings(pa.array(["7"])).tolist()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("label: [unclosed", "not valid YAML"),
+    ("- a\n- b\n", "must be a mapping"),
+    ("dense: [x]\n", "`label:` must name"),
+    ("label: y\ncategorical: [c]\nlables: 1\n", "unknown key 'lables'"),
+    ("label: y\n", "at least one"),
+    ("label: y\ndense: x\n", "`dense:` must be a list"),
+    ("label: y\ndense: [x]\nthreshold: high\n", "`threshold:` must be a number"),
+    ("label: y\ndense: [x]\nheader: false\n", "needs `columns:`"),
+    ("label: y\ndense: [x, x]\n", "used twice"),
+    ("label: y\ncategorical: [{name: t, sep: ','}]\n", "categorical entry"),
+])
+def test_schema_errors(tmp_path, text, message):
+    with pytest.raises(DistrecError, match=message):
+        load_schema(write(tmp_path / "s.yaml", text))
+
+
+def test_schema_naming_a_missing_column(tmp_path):
+    schema = write(tmp_path / "s.yaml", "label: rating\ncategorical: [nope]\n")
+    with pytest.raises(DistrecError, match="names column 'nope', which is not in"):
+        read_tabular(write(tmp_path / "d.csv", CSV), schema, "csv")
+    pq.write_table(pa.table({"rating": [1]}), tmp_path / "d.parquet")
+    with pytest.raises(DistrecError, match="names column 'nope'"):
+        read_tabular(tmp_path / "d.parquet", schema, "parquet")
+
+
+def test_missing_schema_and_bad_parquet(tmp_path):
+    data = write(tmp_path / "d.csv", CSV)
+    with pytest.raises(DistrecError, match="schema file .* not found; check --schema"):
+        read_tabular(data, tmp_path / "none.yaml", "csv")
+    schema = write(tmp_path / "s.yaml", SCHEMA)
+    with pytest.raises(DistrecError, match="as Parquet"):
+        read_tabular(data, schema, "parquet")

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+import torch
+
+from distrec.errors import DistrecError
+from distrec.hotline.tiers import TwoTierStore
+
+ROWS, WIDTH, DIM = 50, 5, 4  # 4 weights and 1 optimizer-state float per row
+
+
+def sgd_with_counter(rows: torch.Tensor, grads: torch.Tensor) -> None:
+    """A row rule touching weights and state: w -= 0.1 * g, state += 1."""
+    rows[:, :DIM] -= 0.1 * grads
+    rows[:, DIM] += 1
+
+
+def make_store(tmp_path, slow: str) -> tuple[TwoTierStore, torch.Tensor]:
+    reference = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(0))
+    store = TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=lambda s, e: reference[s:e], slow=slow, directory=tmp_path)
+    return store, reference.clone()
+
+
+def apply_reference(reference: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> None:
+    rows = reference[ids]
+    sgd_with_counter(rows, grads)
+    reference[ids] = rows
+
+
+@pytest.mark.parametrize("slow", ["disk", "host"])
+def test_tier_moves_lose_no_update(tmp_path, slow):
+    store, reference = make_store(tmp_path, slow)
+    gen = torch.Generator().manual_seed(1)
+    hot_sets = [np.array([1, 4, 9, 20]), np.array([4, 9, 30, 31, 49]), np.array([0, 1]), np.array([], dtype=np.int64)]
+    with store:
+        for hot in hot_sets:
+            store.set_hot(hot)
+            assert store.hot_ids.tolist() == hot.tolist()
+            for _ in range(2):
+                ids = torch.unique(torch.cat([torch.as_tensor(hot), torch.randint(0, ROWS, (10,), generator=gen)]))
+                grads = torch.randn(ids.numel(), DIM, generator=gen)
+                store.update(ids, grads, sgd_with_counter)
+                apply_reference(reference, ids, grads)
+            assert torch.equal(store.gather(torch.arange(ROWS)), reference)
+        assert store.fast_bytes == 0
+
+
+def test_each_row_is_updated_in_its_own_tier_only(tmp_path):
+    store, reference = make_store(tmp_path, "host")
+    with store:
+        store.set_hot(np.array([2, 3]))
+        stale = store.slow[[2, 3]].clone()
+        store.update(torch.tensor([2, 3, 7]), torch.ones(3, DIM), sgd_with_counter)
+        assert torch.equal(store.slow[[2, 3]], stale)  # hot rows' slow slots are untouched
+        assert store.slow[7, DIM] == reference[7, DIM] + 1
+        assert torch.equal(store.fast[:, DIM], reference[[2, 3], DIM] + 1)
+
+
+def test_gather_mixes_tiers_and_narrows_to_the_weights(tmp_path):
+    store, reference = make_store(tmp_path, "disk")
+    with store:
+        store.set_hot(np.array([5, 6, 40]))
+        ids = torch.tensor([40, 0, 5, 5, 49])
+        assert torch.equal(store.gather(ids, width=DIM), reference[ids, :DIM])
+
+
+def test_disk_tier_leaves_no_file(tmp_path):
+    store, _ = make_store(tmp_path, "disk")
+    assert store.slow_kind == "disk"
+    assert list(tmp_path.iterdir()) == []  # unlinked as soon as it was mapped
+    store.update(torch.tensor([1]), torch.ones(1, DIM), sgd_with_counter)
+    store.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_tier_too_large_for_the_disk_is_a_user_error(tmp_path):
+    with pytest.raises(DistrecError, match="slow tier"):
+        TwoTierStore(2**50, 4, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, 4), slow="disk", directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_hot_ids_are_rejected(tmp_path):
+    store, _ = make_store(tmp_path, "host")
+    with store, pytest.raises(ValueError):
+        store.set_hot(np.array([3, 3]))
+
+
+def test_save_and_load_keep_every_row_of_both_tiers(tmp_path):
+    store, reference = make_store(tmp_path / "a", "disk")
+    with store:
+        store.set_hot(np.array([0, 10, 11]))
+        store.update(torch.tensor([0, 5, 11]), torch.ones(3, DIM), sgd_with_counter)
+        apply_reference(reference, torch.tensor([0, 5, 11]), torch.ones(3, DIM))
+        store.save(tmp_path / "rows.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "rows.npy"]
+    other = TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, WIDTH), slow="host")
+    with other:
+        other.set_hot(np.array([5, 10]))
+        other.load(tmp_path / "rows.npy")
+        assert torch.equal(other.gather(torch.arange(ROWS)), reference)
+        other.set_hot(np.array([], dtype=np.int64))
+        assert torch.equal(other.slow, reference)
+
+
+def test_load_rejects_rows_of_another_shape(tmp_path):
+    np.save(tmp_path / "rows.npy", np.zeros((ROWS, WIDTH + 1), dtype=np.float32))
+    store, _ = make_store(tmp_path, "host")
+    with store, pytest.raises(DistrecError, match="expected float32"):
+        store.load(tmp_path / "rows.npy")

@@ -1,0 +1,80 @@
+"""Cost-model training on a small synthetic data set, saving, loading and the data reader."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from distrec.errors import DistrecError
+from distrec.planner.cost_models import CostModels, train_cost_models
+from distrec.planner.table_pool import make_table_pool
+
+HARDWARE = {"kind": "hardware", "torch": "x", "cpu": "test cpu", "device_type": "cpu", "device_name": "test cpu", "world_sizes": [2]}
+
+
+def write_synthetic_costs(path, compute_samples=200, comm_samples=200, seed=0):
+    """Cost records shaped like `distrec plan collect` output, with known cost formulas."""
+    rng = np.random.default_rng(seed)
+    pool = make_table_pool(seed=0)
+    lines = [HARDWARE]
+    for i in range(compute_samples):
+        ids = rng.integers(len(pool), size=int(rng.integers(1, 9)))
+        tables = [pool.table(int(p), int(rng.choice([4, 8, 16, 32, 64])), f"s{i}_{k}") for k, p in enumerate(ids)]
+        ms = sum(0.002 * t.dim * t.pooling_factor + 0.3 for t in tables) + rng.normal(0, 0.05)
+        lines.append({"kind": "compute", "id": f"compute-{i}", "batch_size": 256, "tables": [t.to_dict() for t in tables], "ms": ms})
+    for i in range(comm_samples):
+        dims = rng.integers(0, 600, size=2)
+        delays = rng.uniform(0, 20, size=2)
+        delays -= delays.min()
+        bw = 0.004 * dims.sum() + rng.normal(0, 0.05, size=2)
+        fw = bw + delays.max() - delays
+        lines.append(
+            {"kind": "comm", "id": f"comm2-{i}", "world_size": 2, "batch_size": 256, "dim_sums": dims.tolist(),
+             "delays_ms": delays.tolist(), "fw_ms": fw.tolist(), "bw_ms": bw.tolist()}
+        )
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_training_reduces_validation_error_and_round_trips(tmp_path, capsys):
+    data = write_synthetic_costs(tmp_path / "costs.jsonl")
+    models = train_cost_models(data, tmp_path / "models.pt", seed=0, epochs=80)
+    assert "test MSE" in capsys.readouterr().out
+    for name in ("compute", "fw_comm_2", "bw_comm_2"):
+        m = models.metrics[name]
+        assert m["val_mse"] < 0.2 * m["initial_val_mse"], name
+    loaded = CostModels.load(tmp_path / "models.pt")
+    assert loaded.hardware["cpu"] == "test cpu" and loaded.hardware["world_sizes"] == [2] and loaded.batch_size == 256
+    pool = make_table_pool(seed=0)
+    narrow = [pool.table(i, 4, f"t{i}") for i in range(5)]
+    wide = [t.with_dim(64) for t in narrow]
+    a = models.predictor(2).placement_costs([narrow, wide])
+    b = loaded.predictor(2).placement_costs([narrow, wide])
+    assert all(np.allclose(a[k], b[k]) for k in a)
+    assert b["compute"][1] > b["compute"][0]  # 16x the columns to look up
+
+
+def test_forward_comm_model_learns_the_start_delays(tmp_path):
+    data = write_synthetic_costs(tmp_path / "costs.jsonl", compute_samples=20)
+    predictor = train_cost_models(data, seed=0, epochs=80, verbose=False).predictor(2)
+    costs = predictor.plan_costs(np.array([0.0, 15.0]), np.array([300, 300]))  # device 1 starts 15 ms late
+    assert costs["fw_comm"][0] - costs["fw_comm"][1] == pytest.approx(15.0, abs=3.0)
+    assert costs["bw_comm"] == pytest.approx([2.4, 2.4], abs=0.5)  # 0.004 ms per column
+
+
+def test_wrong_format_and_mixed_hardware_are_user_errors(tmp_path):
+    bad = tmp_path / "bad.pt"
+    torch.save({"format": 0}, bad)
+    with pytest.raises(DistrecError, match="retrain"):
+        CostModels.load(bad)
+    with pytest.raises(DistrecError, match="not found"):
+        CostModels.load(tmp_path / "missing.pt")
+    a = write_synthetic_costs(tmp_path / "a.jsonl", 20, 20)
+    b = tmp_path / "b.jsonl"
+    b.write_text(a.read_text().replace("test cpu", "other cpu"))
+    with pytest.raises(DistrecError, match="one machine"):
+        train_cost_models([a, b], verbose=False)
+    (tmp_path / "junk.jsonl").write_text("not json\n")
+    with pytest.raises(DistrecError, match="line 1"):
+        train_cost_models(tmp_path / "junk.jsonl", verbose=False)

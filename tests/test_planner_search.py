@@ -1,0 +1,137 @@
+"""NeuroShard search and plan_tables: memory, dims divisible by 4, constraints, cache, errors."""
+
+import json
+
+import pytest
+import torch
+
+from distrec.errors import DistrecError
+from distrec.parallel.plan import ShardingPlan
+from distrec.planner.api import ALGORITHMS, format_report, parse_constraints, plan_tables
+from distrec.planner.cost_models import CommCostNet, ComputeCostNet, CostModels
+from distrec.planner.search import NeuroShardSearch, SearchOptions
+from distrec.planner.table_pool import generate_tasks, make_table_pool
+from distrec.planner.types import PlanConstraints, TableSpec
+
+HIST = (0.5, 0.5) + (0.0,) * 15
+SHORT = SearchOptions(max_steps=3, grid_points=5)  # keeps the tests fast
+
+
+def untrained_cost_models(devices: int, seed: int = 0) -> CostModels:
+    """Randomly initialised nets: enough to drive the search deterministically."""
+    torch.manual_seed(seed)
+    return CostModels(ComputeCostNet(), {devices: (CommCostNet(2 * devices, devices), CommCostNet(devices, devices))}, 1024, {})
+
+
+@pytest.fixture(scope="module")
+def models():
+    return untrained_cost_models(4)
+
+
+@pytest.fixture(scope="module")
+def task():
+    """A 4-device task whose largest table does not fit one device whole."""
+    pool = make_table_pool(seed=0)
+    tasks = generate_tasks(pool, 30, 4, max_dim=128, seed=1)
+    return next(t for t in tasks if max(x.num_bytes for x in t.tables) > t.memory_per_device and len(t.tables) < 20)
+
+
+def shard_widths(plan):
+    return [s.col_end - s.col_start for p in plan.tables for s in p.shards]
+
+
+def test_plan_respects_memory_and_splits_columns_in_multiples_of_four(task, models):
+    plan, report = plan_tables(task.tables, 4, task.memory_per_device, models)
+    plan.validate([t.to_config() for t in task.tables], task.memory_per_device)
+    assert max(report["bytes_per_device"]) <= task.memory_per_device
+    assert all(w % 4 == 0 for w in shard_widths(plan))
+    assert any(p.sharding == "column_wise" for p in plan.tables)  # the oversized table was split
+    assert report["cache_hit_rate"] > 0 and report["states_evaluated"] > 1
+    assert len(report["predicted_ms"]["total"]) == 4 and report["predicted_max_ms"] == max(report["predicted_ms"]["total"])
+    text = format_report(report)
+    assert text.count("rank ") == 4 and "cache hit rate" in text and "predicted cost" in text
+
+
+def test_plan_json_round_trip_validates(task, models, tmp_path):
+    plan, _ = plan_tables(task.tables, 4, task.memory_per_device, models)
+    plan.save(tmp_path / "plan.json")
+    loaded = ShardingPlan.load(tmp_path / "plan.json")
+    loaded.validate([t.to_config() for t in task.tables], task.memory_per_device)
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan.to_dict()
+
+
+def test_pins_and_no_split(task, models):
+    big = max(task.tables, key=lambda t: t.num_bytes)
+    small = min(task.tables, key=lambda t: t.num_bytes)
+    others_fit = [t.name for t in task.tables if t.num_bytes <= task.memory_per_device]
+    constraints = PlanConstraints(pins={small.name: 3}, no_split=frozenset(others_fit))
+    plan, _ = plan_tables(task.tables, 4, task.memory_per_device, models, constraints=constraints)
+    assert [s.rank for s in plan.placement(small.name).shards] == [3]
+    assert all(plan.placement(name).sharding == "table_wise" for name in others_fit)
+    assert plan.placement(big.name).sharding == "column_wise"
+
+
+def test_no_split_of_an_oversized_table_is_one_clear_error(task, models):
+    big = max(task.tables, key=lambda t: t.num_bytes)
+    with pytest.raises(DistrecError, match=f"table '{big.name}' needs .* whole"):
+        plan_tables(task.tables, 4, task.memory_per_device, models, constraints=PlanConstraints(no_split=frozenset([big.name])))
+
+
+def test_infeasible_requests_raise_one_error(models):
+    huge = TableSpec("huge", 10_000, 8, 1.0, HIST)  # 4-column shards still take 160,000 bytes
+    with pytest.raises(DistrecError, match="even split into 4-column shards"):
+        plan_tables([huge], 4, 100_000, models)
+    many = [TableSpec(f"t{i}", 1000, 8, 1.0, HIST) for i in range(10)]  # 320 kB in all
+    with pytest.raises(DistrecError, match="use more devices"):
+        plan_tables(many, 4, 64_000, models)
+    with pytest.raises(DistrecError, match="pinned to rank 0"):
+        plan_tables(many, 4, 80_000, models, constraints=PlanConstraints(pins={"t0": 0, "t1": 0, "t2": 0}))
+    with pytest.raises(DistrecError, match="needs cost models"):
+        plan_tables(many, 4, 10**6, None)
+    with pytest.raises(DistrecError, match="no communication model for 8"):
+        plan_tables(many, 8, 10**6, models)
+
+
+def test_cache_hits_on_repeated_evaluations_and_can_be_switched_off(task, models):
+    predictor = models.predictor(4)
+    cached = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=SHORT).run()
+    no_cache = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, use_cache=False)
+    uncached = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=no_cache).run()
+    assert cached.cache_hits > 0 and cached.cache_hit_rate > 0.5
+    assert uncached.cache_hits == 0 and uncached.cache_lookups == cached.cache_lookups
+    assert cached.max_cost == pytest.approx(uncached.max_cost)
+
+
+@pytest.mark.parametrize("variant", ["no-beam", "no-grid"])
+def test_ablations_give_valid_placements(task, models, variant):
+    ablated = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions.ablation(variant)).run()
+    used = [0] * 4
+    for chunk, rank in zip(ablated.chunks, ablated.device_of):
+        assert chunk.dim % 4 == 0
+        used[rank] += task.tables[chunk.table].num_rows * chunk.dim * 4
+    assert max(used) <= task.memory_per_device
+    assert sorted({c.table for c in ablated.chunks}) == list(range(len(task.tables)))
+
+
+def test_every_algorithm_returns_a_valid_plan(models):
+    pool = make_table_pool(seed=0)
+    task = generate_tasks(pool, 1, 4, max_dim=16, seed=3)[0]
+    configs = [t.to_config() for t in task.tables]
+    for algorithm in ALGORITHMS:
+        plan, report = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm, options=SHORT)
+        plan.validate(configs, task.memory_per_device)
+        assert report["algorithm"] == algorithm and report["predicted_max_ms"] == max(report["predicted_ms"]["total"])
+
+
+def test_parse_constraints():
+    c = parse_constraints(["user=1", "item = 0"], ["item"])
+    assert c.pins == {"user": 1, "item": 0} and c.no_split == {"item"}
+    with pytest.raises(DistrecError, match="table=rank"):
+        parse_constraints(["user:1"])
+
+
+def test_search_options_are_checked():
+    with pytest.raises(DistrecError, match="out of range"):
+        SearchOptions(beam_width=0)
+    with pytest.raises(DistrecError, match="unknown search variant"):
+        SearchOptions.ablation("no-search")

@@ -1,0 +1,121 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+from distrec.errors import DistrecError
+from distrec.sim.calibrate import fit_link
+from distrec.sim.cluster import HARDWARE, Cluster, LinkParams
+from distrec.sim.collectives import all_reduce_time, flat_all_to_all_time, ring_all_reduce_time
+from distrec.sim.iteration import SCHEMES, Workload, predict_iteration, speedup_table
+from distrec.sim.report import format_table
+
+LINK = LinkParams(latency_s=1e-5, bandwidth=1e9, efficiency=0.5)
+
+
+def cluster(hosts=4, gpus_per_host=8, up=LINK, out=LINK):
+    return Cluster(hosts, gpus_per_host, peak_flops=1e14, compute_efficiency=0.5, scale_up=up, scale_out=out)
+
+
+def test_link_time_is_latency_plus_bytes_over_effective_bandwidth():
+    assert LINK.time_s(1e6, messages=3) == pytest.approx(3e-5 + 1e6 / 5e8)
+
+
+def test_collective_formulas():
+    c = cluster(hosts=2, gpus_per_host=4)
+    # flat all-to-all: 3 intra-host messages, 4 cross-host ones on links of equal speed
+    assert flat_all_to_all_time(c, 1000) == pytest.approx(LINK.time_s(4 * 1000, 4))
+    assert ring_all_reduce_time(LINK, 8, 8e6) == pytest.approx(14 * LINK.time_s(1e6))
+    assert ring_all_reduce_time(LINK, 1, 8e6) == 0
+    assert all_reduce_time(c, 8e6, "ring") == pytest.approx(ring_all_reduce_time(LINK, 8, 8e6))
+    assert all_reduce_time(c, 8e6, "hierarchical") == pytest.approx(
+        ring_all_reduce_time(LINK, 4, 8e6) + ring_all_reduce_time(LINK, 2, 2e6)
+    )
+    with pytest.raises(DistrecError, match="unknown all-reduce"):
+        all_reduce_time(c, 1, "tree")
+
+
+def test_one_host_does_not_use_the_cross_host_link():
+    slow, fast = cluster(hosts=1, out=LinkParams(1.0, 1.0)), cluster(hosts=1)
+    for scheme in SCHEMES:
+        assert predict_iteration(Workload(), slow, scheme, 4.0) == predict_iteration(Workload(), fast, scheme, 4.0)
+    assert predict_iteration(Workload(), cluster(hosts=2, out=LinkParams(1.0, 1.0)), "flat").total > 1000
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_time_decreases_with_bandwidth_and_grows_with_size(scheme):
+    base = Cluster.from_hardware("A100", 64)
+    faster = base.replace(scale_out=dataclasses.replace(base.scale_out, bandwidth=2 * base.scale_out.bandwidth))
+    faster_up = base.replace(scale_up=dataclasses.replace(base.scale_up, bandwidth=2 * base.scale_up.bandwidth))
+    w = Workload()
+    t = predict_iteration(w, base, scheme, 4.0).total
+    assert predict_iteration(w, faster, scheme, 4.0).total < t
+    assert predict_iteration(w, faster_up, scheme, 4.0).total < t
+    for bigger in ({"local_batch": 2048}, {"num_features": 512}, {"embedding_dim": 256}, {"dense_mflops": 400.0}):
+        assert predict_iteration(dataclasses.replace(w, **bigger), base, scheme, 4.0).total > t
+
+
+def test_sptt_without_compression_moves_the_same_cross_host_bytes_in_fewer_messages():
+    # without latency and with a near-infinite intra-host link, only the cross-host bytes count
+    c = cluster(hosts=4, up=LinkParams(0.0, 1e18), out=LinkParams(0.0, 1e9))
+    w = Workload()
+    flat, sptt = (predict_iteration(w, c, s) for s in ("flat", "sptt"))
+    assert sptt.embedding_exchange == pytest.approx(flat.embedding_exchange, rel=1e-6)
+    # with latency, SPTT's H - 1 cross-host messages beat flat's (H - 1) x L
+    c = cluster(hosts=4, up=LinkParams(0.0, 1e18), out=LinkParams(1e-3, 1e9))
+    assert predict_iteration(w, c, "sptt").embedding_exchange < predict_iteration(w, c, "flat").embedding_exchange
+
+
+def test_dmt_speeds_up_more_with_more_compression():
+    c = Cluster.from_hardware("H100", 128)
+    times = [predict_iteration(Workload(), c, "dmt", ratio).total for ratio in (1, 2, 4, 8)]
+    assert times == sorted(times, reverse=True)
+    assert times[0] == pytest.approx(predict_iteration(Workload(), c, "sptt").total)
+
+
+def test_dmt_speedup_grows_with_the_number_of_hosts():
+    rows = speedup_table(Workload(), compression=4.0)
+    for name in HARDWARE:
+        speedups = [r["speedup_dmt"] for r in rows if r["hardware"] == name]
+        assert len(speedups) == 6
+        assert all(a < b for a, b in zip(speedups, speedups[1:])), (name, speedups)
+        assert speedups[0] > 1
+
+
+def test_calibration_recovers_known_link_parameters():
+    truth = LinkParams(latency_s=2e-4, bandwidth=1.25e8, efficiency=0.7)
+    rng = np.random.default_rng(0)
+    sizes = np.geomspace(1e3, 1e8, 12)
+    messages = rng.integers(1, 8, size=sizes.size)
+    ms = np.array([1e3 * truth.time_s(s, m) for s, m in zip(sizes, messages)]) * rng.normal(1, 0.01, sizes.size)
+    fitted = fit_link(sizes, ms, messages, nominal_bandwidth=1.25e8)
+    assert fitted.latency_s == pytest.approx(2e-4, rel=0.05)
+    assert fitted.efficiency == pytest.approx(0.7, rel=0.02)
+    plain = fit_link(sizes, ms, messages)
+    assert plain.bandwidth == pytest.approx(0.7 * 1.25e8, rel=0.02) and plain.efficiency == 1.0
+
+
+def test_calibration_errors():
+    with pytest.raises(DistrecError, match="at least 2"):
+        fit_link([1e6], [1.0])
+    with pytest.raises(DistrecError, match="do not grow"):
+        fit_link([1e3, 1e6, 1e9], [1.0, 1.0, 1.0])
+
+
+def test_user_errors():
+    with pytest.raises(DistrecError, match="unknown hardware"):
+        Cluster.from_hardware("TPU", 16)
+    with pytest.raises(DistrecError, match="multiple of 8"):
+        Cluster.from_hardware("A100", 12)
+    with pytest.raises(DistrecError, match="unknown scheme"):
+        predict_iteration(Workload(), cluster(), "2d")
+
+
+def test_table_lists_every_scale_and_hardware():
+    rows = speedup_table(Workload(), hardware=("V100", "H100"), gpu_counts=(16, 512))
+    text = format_table(rows, ["hardware", "gpus", "speedup_sptt", "speedup_dmt"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["hardware", "gpus", "speedup_sptt", "speedup_dmt"]
+    expected = [["V100", "16"], ["V100", "512"], ["H100", "16"], ["H100", "512"]]
+    assert [line.split()[:2] for line in lines[1:]] == expected
+    assert lines[4].split()[3] == f"{rows[3]['speedup_dmt']:.2f}"

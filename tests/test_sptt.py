@@ -1,0 +1,183 @@
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from distrec.errors import DistrecError
+from distrec.parallel.comm import free_port
+from distrec.parallel.sptt import (
+    FeatureLayout,
+    blocks_to_columns,
+    flat_exchange,
+    local_batch_size,
+    sptt_exchange,
+    to_peer_order,
+)
+from distrec.parallel.topology import Topology
+
+DIM = 3
+LOCAL_BATCH = 2
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def test_to_peer_order_moves_rank_blocks_into_peer_order():
+    t = Topology(hosts=2, ranks_per_host=3)
+    rows = torch.arange(t.world_size * LOCAL_BATCH)  # row i belongs to rank i // b
+    out = to_peer_order(rows.view(-1, 1, 1).expand(-1, 4, DIM), t)
+    expected = torch.cat([rows[g * LOCAL_BATCH : (g + 1) * LOCAL_BATCH] for g in t.peer_order])
+    assert torch.equal(out[:, 0, 0], expected)
+    assert torch.equal(out[:, 3, 2], expected)
+
+
+def test_blocks_to_columns_puts_each_source_block_side_by_side():
+    a = torch.arange(6.0).view(3, 2)
+    b = 100 + torch.arange(3.0).view(3, 1)
+    c = torch.empty(3, 0)
+    out = blocks_to_columns(torch.cat([a.reshape(-1), c.reshape(-1), b.reshape(-1)]), rows=3, widths=[2, 0, 1])
+    assert torch.equal(out, torch.cat([a, b], dim=1))
+
+
+def test_layout_from_towers_splits_each_tower_table_wise_over_its_host():
+    t = Topology(hosts=2, ranks_per_host=3)
+    layout = FeatureLayout.from_towers(t, [[7, 0, 3, 5, 1], [2, 6, 4]])
+    assert layout.features_of_rank == ((7, 0), (3, 5), (1,), (2,), (6,), (4,))
+    assert layout.host_feature_counts() == [5, 3]
+    index = layout.global_index()
+    assert [layout.exchange_order[int(index[f])] for f in range(8)] == list(range(8))
+
+
+@pytest.mark.parametrize(
+    "towers,message",
+    [
+        ([[0, 1, 2]], "one tower per host"),
+        ([[0, 1], [1, 2]], "exactly one rank"),
+        ([[0, 1, 2], []], "no features"),
+    ],
+)
+def test_layout_errors(towers, message):
+    with pytest.raises(DistrecError, match=message):
+        FeatureLayout.from_towers(Topology(2, 2), towers)
+
+
+def test_local_batch_size_must_divide_evenly():
+    assert local_batch_size(12, Topology(2, 3)) == 2
+    with pytest.raises(DistrecError, match="multiple of the world size"):
+        local_batch_size(10, Topology(2, 3))
+
+
+def test_steps_c_to_e_give_each_rank_its_tower_for_its_peers_samples():
+    """Emulate the intra-host all-to-all in-process and follow sample and feature ids."""
+    t = Topology(hosts=2, ranks_per_host=3)
+    layout = FeatureLayout.from_towers(t, [[4, 0, 6, 2], [1, 5, 3]])
+    global_rows = t.world_size * LOCAL_BATCH
+    sample = torch.arange(global_rows, dtype=torch.float64).view(-1, 1)
+    # entry (sample s, feature f) holds s * 100 + f
+    pooled = [(sample * 100 + torch.tensor(f, dtype=torch.float64)).unsqueeze(2) for f in layout.features_of_rank]
+    for host in range(t.hosts):
+        ranks = t.host_ranks(host)
+        sends = [to_peer_order(pooled[g], t).reshape(t.ranks_per_host, -1) for g in ranks]
+        widths = [layout.feature_counts[g] for g in ranks]
+        host_features = torch.tensor([f for g in ranks for f in layout.features_of_rank[g]], dtype=torch.float64)
+        for local, rank in enumerate(ranks):
+            recv = torch.cat([send[local] for send in sends])
+            tower = blocks_to_columns(recv, t.hosts * LOCAL_BATCH, widths)
+            peer_samples = torch.cat(
+                [torch.arange(p * LOCAL_BATCH, (p + 1) * LOCAL_BATCH) for p in t.peers(rank)]
+            ).double()
+            assert torch.equal(tower, peer_samples.view(-1, 1) * 100 + host_features)
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def _tower_module(host: int, num_features: int) -> nn.Module:
+    torch.manual_seed(100 + host)
+    return nn.Sequential(nn.Flatten(), nn.Linear(num_features * DIM, 2 + host))
+
+
+def _reference(layout, inputs, upstream, modules):
+    """Outputs and gradients computed on the whole batch in one process."""
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    full = torch.cat(leaves, dim=1).index_select(1, layout.global_index())
+    t = layout.topology
+    towers = [[f for g in t.host_ranks(h) for f in layout.features_of_rank[g]] for h in range(len(modules))]
+    outs = []
+    for r, grad in enumerate(upstream):
+        rows = full[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH]
+        out = rows if not modules else torch.cat([m(rows[:, tw]) for m, tw in zip(modules, towers)], dim=1)
+        outs.append(out)
+        (out * grad).sum().backward(retain_graph=True)
+    return outs, [x.grad for x in leaves]
+
+
+# (hosts, ranks per host, towers of global feature indices); F = 10 features
+CONFIGS = [
+    (2, 2, [[3, 9, 0, 5, 7, 1], [8, 2, 6, 4]]),
+    (2, 3, [[4, 0, 7, 2, 9, 1, 3, 6], [8, 5]]),  # host 0 pools 3, 3, 2 features; host 1 pools 1, 1, 0
+    (4, 1, [[0, 5], [2, 7, 9], [1, 3], [4, 6, 8]]),
+    (1, 4, [[9, 1, 4, 0, 7, 3, 2, 8, 5, 6]]),
+]
+
+
+def _check_exchanges(rank, hosts, ranks_per_host, towers, port):
+    t = Topology(hosts, ranks_per_host)
+    config = f"{hosts}x{ranks_per_host}"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=t.world_size)
+    try:
+        groups = t.build_groups()
+        assert dist.get_process_group_ranks(groups.intra_host) == t.host_ranks(t.host(rank))
+        assert dist.get_process_group_ranks(groups.cross_host) == t.peers(rank)
+        layout = FeatureLayout.from_towers(t, towers)
+        gen = torch.Generator().manual_seed(7)
+        global_rows = t.world_size * LOCAL_BATCH
+        inputs = [torch.randn(global_rows, count, DIM, generator=gen) for count in layout.feature_counts]
+        upstream = [torch.randn(LOCAL_BATCH, layout.num_features, DIM, generator=gen) for _ in range(t.world_size)]
+        expected, expected_grads = _reference(layout, inputs, upstream, [])
+        exchanges = {
+            "flat": lambda x: flat_exchange(x, layout, rank),
+            "sptt": lambda x: sptt_exchange(x, layout, groups),
+        }
+        for name, exchange in exchanges.items():
+            x = inputs[rank].clone().requires_grad_()
+            out = exchange(x)
+            (out * upstream[rank]).sum().backward()
+            where = f"{config} rank {rank} {name}"
+            torch.testing.assert_close(out, expected[rank], rtol=0, atol=0, msg=lambda m: f"{where} output: {m}")
+            torch.testing.assert_close(x.grad, expected_grads[rank], rtol=0, atol=0, msg=lambda m: f"{where} grad: {m}")
+
+        # with tower modules: only their outputs cross hosts; parameter gradients summed inside the host
+        host_counts = layout.host_feature_counts()
+        modules = [_tower_module(h, n) for h, n in enumerate(host_counts)]
+        tower_dims = [2 + h for h in range(hosts)]
+        tower_upstream = [torch.randn(LOCAL_BATCH, sum(tower_dims), generator=gen) for _ in range(t.world_size)]
+        expected, expected_grads = _reference(layout, inputs, tower_upstream, modules)
+        mine = _tower_module(t.host(rank), host_counts[t.host(rank)])
+        x = inputs[rank].clone().requires_grad_()
+        out = sptt_exchange(x, layout, groups, tower_module=mine, tower_dims=tower_dims)
+        (out * tower_upstream[rank]).sum().backward()
+        where = f"{config} rank {rank} sptt with tower modules"
+        torch.testing.assert_close(out, expected[rank], msg=lambda m: f"{where} output: {m}")
+        torch.testing.assert_close(x.grad, expected_grads[rank], msg=lambda m: f"{where} grad: {m}")
+        for p, ref in zip(mine.parameters(), modules[t.host(rank)].parameters()):
+            dist.all_reduce(p.grad, group=groups.intra_host)
+            torch.testing.assert_close(p.grad, ref.grad, msg=lambda m: f"{where} parameter grad: {m}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _exchange_worker(rank, ports):
+    for (hosts, ranks_per_host, towers), port in zip(CONFIGS, ports):
+        if rank < hosts * ranks_per_host:
+            _check_exchanges(rank, hosts, ranks_per_host, towers, port)
+
+
+def test_sptt_equals_flat_all_to_all_in_values_and_gradients():
+    """2x2, 2x3, 4x1 and 1x4 on random inputs, one process group after the other."""
+    ports: list[int] = []
+    while len(ports) < len(CONFIGS):  # distinct, so no rank can join an earlier group's store
+        port = free_port()
+        ports += [port] if port not in ports else []
+    mp.spawn(_exchange_worker, args=(ports,), nprocs=max(h * l for h, l, _ in CONFIGS))
