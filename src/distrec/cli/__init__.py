@@ -1,0 +1,53 @@
+"""The ``distrec`` command line. Every user-facing error is one line on stderr, exit 2.
+
+Each subcommand lives in its own module of this package and exposes ``register(sub)``,
+which adds its parser to the ``argparse`` subparsers and sets ``handler`` on it: a function
+``handler(args, argv) -> exit status``. Add a command by writing such a module and naming
+it in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from distrec import __version__
+from distrec.errors import DistrecError
+
+# module names under distrec.cli, in the order ``distrec --help`` lists them
+COMMANDS = ["train", "evaluate", "data", "report"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``distrec`` parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="distrec",
+        description="Train large-embedding recommendation models (DLRM, DCN) on one machine or many.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="run 'distrec COMMAND --help' for a command's options and examples",
+    )
+    parser.add_argument("--version", action="version", version=f"distrec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"distrec.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``distrec`` command; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return handler(args, argv)
+    except DistrecError as e:
+        print(f"distrec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distrec: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,64 @@
+"""Argument groups and config resolution shared by several subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from distrec.errors import DistrecError
+
+EXAMPLES_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """--data, --data-format, --schema, --cache-dir, --strict, --no-progress."""
+    p.add_argument("--data", metavar="PATH", help="input file or directory (default: generated synthetic data)")
+    p.add_argument("--data-format", choices=["criteo", "movielens", "csv", "parquet", "synthetic"], help="input format")
+    p.add_argument("--schema", metavar="FILE", help="YAML schema for csv/parquet: label, dense and categorical columns")
+    p.add_argument("--cache-dir", metavar="DIR", help="where parsed data is cached (default $DISTREC_CACHE or ~/.cache/distrec)")
+    p.add_argument("--strict", action="store_true", default=None, help="stop at the first malformed row instead of skipping it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """--preset, --config, --set."""
+    p.add_argument("--preset", metavar="NAME", help="architecture preset: dlrm-kaggle, dlrm-terabyte, dlrm-mlperf, dcn, tiny")
+    p.add_argument("--config", metavar="FILE", help="YAML experiment config (sections data, model, train, parallel)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides", help="override a config field, e.g. model.embedding_dim=64 (repeatable)")
+
+
+# command-line attribute -> config field it overrides
+CONFIG_FIELDS = {
+    "data": "data.path",
+    "data_format": "data.format",
+    "schema": "data.schema",
+    "cache_dir": "data.cache_dir",
+    "strict": "data.strict",
+    "split": "data.split",
+    "max_ind_range": "data.max_ind_range",
+    "epochs": "train.epochs",
+    "max_steps": "train.max_steps",
+    "batch_size": "train.batch_size",
+    "lr": "train.lr",
+    "optimizer": "train.optimizer",
+    "eval_every": "train.eval_every",
+    "seed": "train.seed",
+    "plan": "parallel.plan",
+    "sharding": "parallel.sharding",
+    "embeddings": "parallel.embeddings",
+    "memory_per_rank": "parallel.memory_per_rank",
+}
+
+
+def config_from_args(args: argparse.Namespace):
+    """The RunConfig of a command: --config file, then --preset, then flags and --set overrides."""
+    from distrec import config
+
+    overrides = list(args.overrides)
+    for attr, key in CONFIG_FIELDS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value)}")
+    if getattr(args, "data", None) and getattr(args, "data_format", None) is None:
+        raise DistrecError("--data needs --data-format (criteo, movielens, csv, parquet or synthetic)")
+    return config.load(args.config, overrides, preset=args.preset)

@@ -1,0 +1,107 @@
+"""``distrec train``: train a model on one process, or launch workers for many."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, config_from_args
+from distrec.errors import DistrecError
+
+EXAMPLES = """
+examples:
+  distrec train --max-steps 300                       # synthetic Criteo-like data, tiny run
+  distrec train --preset dlrm-kaggle --data-format criteo \\
+      --data ../shared/data/criteo/criteo_kaggle_sample.tsv --split last:0.2 --out runs/criteo
+  distrec train --data-format movielens --data ../shared/data/movielens --epochs 3 --out runs/ml
+  distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
+  distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train a model", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
+    add_config_args(train)
+    add_data_args(train)
+    train.add_argument("--split", metavar="SPEC", help="holdout: random:VAL[:TEST] or last:VAL[:TEST] (fractions), default random:0.1")
+    train.add_argument("--max-ind-range", type=int, metavar="ROWS", help="rows per hashed table (default 100000)")
+    train.add_argument("--epochs", type=int, metavar="N", help="passes over the training split (ignored when --max-steps is set)")
+    train.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps in total")
+    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples")
+    train.add_argument("--lr", type=float, metavar="X", help="learning rate")
+    train.add_argument("--optimizer", choices=["sgd", "adagrad", "adam"], help="optimizer (embeddings get its sparse, row-wise form)")
+    train.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps (and always at the end)")
+    train.add_argument("--seed", type=int, metavar="S", help="random seed")
+    train.add_argument("--out", metavar="DIR", help="run directory for config, metrics, summary and checkpoint (default runs/<time>)")
+    train.add_argument("--resume", metavar="DIR", help="continue the run in DIR; raise --max-steps or --epochs to train further")
+    dist_args = train.add_argument_group("distributed training")
+    dist_args.add_argument("--nproc-per-node", type=int, metavar="N", help="launch N worker processes on this machine (torch's elastic launcher)")
+    dist_args.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint")
+    dist_args.add_argument("--plan", metavar="FILE", help="sharding plan JSON (default: a greedy table-wise plan, saved with the run)")
+    dist_args.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning")
+    dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
+    dist_args.add_argument("--memory-per-rank", metavar="SIZE", help="table memory limit per rank for the default planner, e.g. 4GB")
+    train.set_defaults(handler=run)
+
+
+def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    """Re-run this command in ``--nproc-per-node`` workers under torch's elastic launcher."""
+    from torch.distributed import run as torchrun
+
+    if args.nproc_per_node < 1:
+        raise DistrecError(f"--nproc-per-node is {args.nproc_per_node}; it must be at least 1")
+    worker_argv = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in ("--nproc-per-node", "--max-restarts"):
+            skip = True
+            continue
+        if a.startswith(("--nproc-per-node=", "--max-restarts=")):
+            continue
+        worker_argv.append(a)
+    if args.resume is None and args.out is None:
+        worker_argv += ["--out", str(_default_out())]  # one run directory for all workers
+    launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
+    torchrun.main(launcher + ["-m", "distrec", *worker_argv])
+    return 0
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.train.loop import resume_config, train
+
+    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+        return _launch_workers(args, argv)
+
+    if args.resume:
+        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed") if getattr(args, f, None) is not None]
+        if given or args.overrides or (args.out and Path(args.out) != Path(args.resume)):
+            what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
+            raise DistrecError(f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs and --eval-every")
+        cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every)
+        out = Path(args.resume)
+    else:
+        cfg = config_from_args(args)
+        out = Path(args.out) if args.out else _default_out()
+    resume = bool(args.resume) or _restarted_with_checkpoint(out)
+    summary = train(cfg, out, resume=resume, progress=not args.no_progress)
+    if summary is not None:
+        print(json.dumps(summary))
+    return 0
+
+
+def _restarted_with_checkpoint(out: Path) -> bool:
+    """Whether the elastic launcher restarted this worker and the run has a checkpoint to resume."""
+    from distrec.train.checkpoint import has_checkpoint
+
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and has_checkpoint(out)
+
+
+def _default_out() -> Path:
+    import time
+
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
