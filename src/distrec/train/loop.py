@@ -242,6 +242,21 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True
     return Trainer(cfg, out, progress=progress).fit(resume=resume)
 
 
+def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> tuple[torch.nn.Module, RunConfig, list[TableConfig], dict[str, Any]]:
+    """The model saved in a run (or its ``checkpoint/`` folder), on ``device``.
+
+    Returns (model, the run's config, its tables as trained, the checkpoint's metadata).
+    """
+    ckpt = find_checkpoint(checkpoint)
+    meta = read_meta(ckpt)
+    cfg = config_mod.from_dict(meta["config"])
+    device = device or default_device()
+    tables = [TableConfig.from_dict(t) for t in meta["tables"]]
+    model = build_model(cfg.model, meta["num_dense"], tables, device=device)
+    model.load_state_dict(load_state(ckpt, 0, map_location=device)["model"])
+    return model, cfg, tables, meta
+
+
 def evaluate_checkpoint(
     checkpoint: Path,
     data_path: str | None,
@@ -253,9 +268,8 @@ def evaluate_checkpoint(
     progress: bool = True,
 ) -> dict[str, float]:
     """Metrics of a saved model on every row of a data set, hashed as in the saved run."""
-    ckpt = find_checkpoint(checkpoint)
-    meta = read_meta(ckpt)
-    cfg = config_mod.from_dict(meta["config"])
+    device = default_device()
+    model, cfg, tables, meta = load_trained_model(checkpoint, device)
     if data_path is not None:
         cfg.data.path = data_path
         cfg.data.format = data_format or cfg.data.format
@@ -265,13 +279,9 @@ def evaluate_checkpoint(
         cfg.data.cache_dir = cache_dir
     if strict is not None:
         cfg.data.strict = strict
-    device = default_device()
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
-    tables = [TableConfig.from_dict(t) for t in meta["tables"]]
     if dataset.num_dense != meta["num_dense"] or [t.name for t in dataset.tables(cfg.model.embedding_dim)] != [t.name for t in tables]:
         raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
     dataset.override_tables(tables)
-    model = build_model(cfg.model, meta["num_dense"], tables, device=device)
-    model.load_state_dict(load_state(ckpt, 0, map_location=device)["model"])
     rows = np.arange(dataset.num_rows, dtype=np.int64)
     return evaluate(model, dataset, rows, batch_size, device)
