@@ -231,16 +231,24 @@ class Dataset:
         )
 
     def batches(self, rows: np.ndarray | None, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                start_step: int = 0, drop_last: bool = False, prefetch_depth: int = 4) -> Iterator[Batch]:
+                start_step: int = 0, drop_last: bool = False, prefetch_depth: int = 4,
+                shard: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
         """Mini-batches over ``rows`` (all rows if None), built ahead on a background thread.
 
         The order depends only on (``seed``, ``epoch``) when shuffling, so batch k of an
         epoch is the same in every run; ``start_step`` starts at batch k without reading
         the batches before it (exact resume). A last short batch is kept unless ``drop_last``.
+        With ``shard=(rank, world_size)`` each global batch is cut into ``world_size``
+        contiguous slices of near-equal size and only slice ``rank`` is built (it may be
+        empty when the batch has fewer samples than ranks); every rank gets the same number
+        of batches.
         """
         rows = np.arange(self.num_rows, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
         if shuffle:
             rows = rows[np.random.default_rng([seed, epoch]).permutation(rows.shape[0])]
         steps = num_batches(rows.shape[0], batch_size, drop_last)
-        batch_rows = (rows[k * batch_size : (k + 1) * batch_size] for k in range(start_step, steps))
+        rank, world_size = shard
+        batch_rows = (
+            np.array_split(rows[k * batch_size : (k + 1) * batch_size], world_size)[rank] for k in range(start_step, steps)
+        )
         return prefetch((self.batch(r) for r in batch_rows), prefetch_depth)
