@@ -90,6 +90,7 @@ class TrainConfig:
     decay_steps: int = 0
     eval_every: int = 0
     checkpoint_every: int = 0
+    log_every: int = 50
     seed: int = 0
     threads: int = 0
 
@@ -302,7 +303,7 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"train.lr is {t.lr}; it must be positive")
     if t.max_steps is not None and t.max_steps < 1:
         raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")
-    for key in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "threads"):
+    for key in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "log_every", "threads"):
         if getattr(t, key) < 0:
             raise DistrecError(f"train.{key} is {getattr(t, key)}; it must be 0 or more")
     for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
