@@ -112,6 +112,28 @@ class ParallelConfig:
 
 
 @dataclass
+class HotlineConfig:
+    """Hotline (Adnan et al., ISCA 2024): hot embedding rows in a fast tier, the rest in a slow one.
+
+    ``hot_budget``: fast-tier bytes for hot rows (weights, optimizer state, ids), e.g. '512MB'.
+    ``sample_rate``: fraction of mini-batches the access logger counts. ``relearn_every``:
+    mini-batches between re-selections of the hot set (the first window is the learning
+    phase). ``logger_size``: the logger's memory (default: 52 bytes per row the budget
+    holds). ``slow_tier``: ``disk`` (a memory-mapped file), ``host`` (host memory, pinned
+    for a GPU) or ``auto`` (host with a GPU, disk without); ``slow_tier_dir``: where the
+    disk tier's file goes (default: the run's output directory).
+    """
+
+    enabled: bool = False
+    hot_budget: str = "512MB"
+    sample_rate: float = 0.05
+    relearn_every: int = 1000
+    logger_size: str | None = None
+    slow_tier: str = "auto"
+    slow_tier_dir: str | None = None
+
+
+@dataclass
 class RunConfig:
     """A whole experiment."""
 
@@ -119,6 +141,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    hotline: HotlineConfig = field(default_factory=HotlineConfig)
 
 
 # Architecture presets. Sources: the DLRM reference code's run scripts
@@ -143,6 +166,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.decay": ("none", "linear", "cosine", "poly"),
     "parallel.embeddings": ("sharded", "local"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
+    "hotline.slow_tier": ("auto", "disk", "host"),
 }
 
 
@@ -312,6 +336,14 @@ def validate(cfg: RunConfig) -> None:
     for name, rows in dc.table_sizes.items():
         if rows < 2:
             raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
+    h = cfg.hotline
+    parse_bytes(h.hot_budget, "hotline.hot_budget")
+    if h.logger_size is not None:
+        parse_bytes(h.logger_size, "hotline.logger_size")
+    if not 0.0 < h.sample_rate <= 1.0:
+        raise DistrecError(f"hotline.sample_rate is {h.sample_rate}; give a fraction of mini-batches in (0, 1], e.g. 0.05")
+    if h.relearn_every < 0:
+        raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
