@@ -6,8 +6,8 @@ import torch
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.hot_set import HotSet, hot_row_bytes, is_popular, parse_bytes, select_hot_set, split_batch
-from distrec.hotline.rows import RowSpace
+from distrec.hotline.hot_set import HotSet, hot_row_bytes, is_popular, select_hot_set, split_batch
+from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.tables import TableConfig
 
 TABLES = [TableConfig("a", 10, 4), TableConfig("b", 6, 4)]
@@ -30,20 +30,6 @@ def sample_bags(batch: Batch) -> list[tuple[tuple[int, ...], ...]]:
     values = batch.sparse_values.tolist()
     f, b = batch.num_features, batch.batch_size
     return [tuple(tuple(values[offsets[i * b + s] : offsets[i * b + s + 1]]) for i in range(f)) for s in range(b)]
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [("512MB", 512 * 10**6), ("1.5GiB", 3 * 2**29), ("4096", 4096), ("2 KiB", 2048), ("1e3kb", 10**6), ("0", 0), (77, 77)],
-)
-def test_parse_bytes(text, expected):
-    assert parse_bytes(text) == expected
-
-
-@pytest.mark.parametrize("text", ["12XB", "MB", "-5MB", "", "1.2.3GB", -1])
-def test_parse_bytes_rejects_non_sizes(text):
-    with pytest.raises(DistrecError):
-        parse_bytes(text)
 
 
 def test_row_space_maps_batches_to_global_ids():
@@ -117,9 +103,9 @@ def test_popular_mask_on_a_hand_made_batch():
             [[0], [0], [0], [], [5]],  # feature b
         ]
     )
-    mask = is_popular(batch, SPACE.batch_ids(batch), hot_ids)
+    mask = is_popular(batch, find_sorted(hot_ids, SPACE.batch_ids(batch))[0])
     assert mask.tolist() == [True, True, False, True, False]
-    empty = is_popular(batch, SPACE.batch_ids(batch), torch.empty(0, dtype=torch.int64))
+    empty = is_popular(batch, find_sorted(torch.empty(0, dtype=torch.int64), SPACE.batch_ids(batch))[0])
     assert empty.tolist() == [False, False, False, True, False]  # only the sample touching nothing
 
 
@@ -132,7 +118,7 @@ def test_split_then_merge_recovers_the_batch():
     offsets[1:] = torch.cumsum(lengths, 0)
     batch = Batch(torch.randn(b, 3, generator=gen), values, offsets, torch.randint(0, 2, (b,), generator=gen).float())
     hot_ids = torch.tensor([0, 1, 2, 3, 10, 11])
-    mask = is_popular(batch, SPACE.batch_ids(batch), hot_ids)
+    mask = is_popular(batch, find_sorted(hot_ids, SPACE.batch_ids(batch))[0])
     assert 0 < int(mask.sum()) < b
     popular, rest = split_batch(batch, mask)
     assert popular.batch_size + rest.batch_size == b

@@ -28,12 +28,15 @@ serves tests and the recall measurement, not training.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from distrec.errors import DistrecError
+from distrec.io import atomic_path
 
 KEY_BYTES = 8  # int64 global row id per entry (-1 = empty)
 COUNT_BYTES = 4  # uint32 saturating access count per entry
@@ -183,6 +186,35 @@ class AccessLogger:
         self._rrpv[sets] = rrpv
         self._keys[sets, way] = keys
         self._counts[sets, way] = np.minimum(held + mult.astype(np.uint64), COUNT_MAX)
+
+    def save(self, path: str | Path) -> None:
+        """Write the entries, the sampling state and the window's sample count (``.npz``), atomically."""
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(
+                f,
+                keys=self._keys,
+                counts=self._counts,
+                rrpv=self._rrpv,
+                sampled_batches=np.int64(self.sampled_batches),
+                rng=np.array(json.dumps(self._rng.bit_generator.state)),
+            )
+
+    def load(self, path: str | Path) -> None:
+        """Continue from a file written by ``save`` of a logger of the same size."""
+        try:
+            with np.load(path) as saved:
+                keys, counts, rrpv = saved["keys"], saved["counts"], saved["rrpv"]
+                sampled, rng = int(saved["sampled_batches"]), json.loads(str(saved["rng"]))
+        except (OSError, ValueError, KeyError) as e:
+            raise DistrecError(f"cannot read the access logger from {str(path)!r} ({e}); pass a file written by save") from None
+        if keys.shape != self._keys.shape:
+            raise DistrecError(
+                f"the access logger in {str(path)!r} has {keys.size} entries, this one {self._keys.size}; "
+                "resume with the same hotline.logger_size"
+            )
+        self._keys[...], self._counts[...], self._rrpv[...] = keys, counts, rrpv
+        self.sampled_batches = sampled
+        self._rng.bit_generator.state = rng
 
     def counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(global ids, access counts) of every row the counter holds, in no particular order."""

@@ -8,7 +8,6 @@ tier.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,35 +18,11 @@ import torch
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.hotline.tiers import FLOAT_BYTES
 from distrec.io import atomic_write_text
 from distrec.tables import TableConfig
 
-FLOAT_BYTES = 4
 INDEX_BYTES_PER_ROW = 8  # the row's int64 global id in the fast tier's sorted id array
-
-_BYTE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?\s*([A-Za-z]*)\s*")
-
-
-def parse_bytes(text: str | int) -> int:
-    """A byte size from ``"512MB"``, ``"1.5GiB"``, ``"4096"`` or an int (MB = 10^6, MiB = 2^20)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise DistrecError(f"hot budget is {text} bytes; give a size of 0 or more, such as 512MB")
-        return text
-    m = _SIZE.fullmatch(str(text))
-    unit = m.group(3).lower() if m else None
-    if m is None or unit not in _BYTE_UNITS:
-        raise DistrecError(
-            f"{text!r} is not a byte size; write a number with a unit among B, KB, MB, GB, TB, KiB, MiB, "
-            "GiB, TiB, e.g. 512MB or 1.5GiB"
-        )
-    value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
-    return int(round(value * _BYTE_UNITS[unit]))
 
 
 def hot_row_bytes(dim: int, state_floats: int = 0) -> int:
@@ -161,22 +136,21 @@ def select_hot_set(
     return HotSet.from_global_ids(ranked[:fits], space, budget_bytes)
 
 
-def is_popular(batch: Batch, ids: torch.Tensor, hot_ids: torch.Tensor) -> torch.Tensor:
+def is_popular(batch: Batch, hot: torch.Tensor) -> torch.Tensor:
     """Bool [B]: whether every index of each sample is hot.
 
     Args:
         batch: the mini-batch (jagged, feature-major).
-        ids: global ids of ``batch.sparse_values`` (``RowSpace.batch_ids``), int64 [nnz].
-        hot_ids: ascending global ids of the hot rows, on the batch's device.
+        hot: bool [nnz], whether each index of ``batch.sparse_values`` is a hot row
+            (``find_sorted(hot_ids, RowSpace.batch_ids(batch))[0]``).
     """
     b = batch.batch_size
     if b == 0:
-        return torch.zeros(0, dtype=torch.bool, device=ids.device)
-    hot, _ = find_sorted(hot_ids, ids)
+        return torch.zeros(0, dtype=torch.bool, device=hot.device)
     bag_lengths = torch.diff(batch.sparse_offsets)
-    sample_of = torch.arange(bag_lengths.numel(), device=ids.device).remainder_(b)
-    sample_of = torch.repeat_interleave(sample_of, bag_lengths, output_size=ids.numel())
-    popular = torch.ones(b, dtype=torch.bool, device=ids.device)
+    sample_of = torch.arange(bag_lengths.numel(), device=hot.device).remainder_(b)
+    sample_of = torch.repeat_interleave(sample_of, bag_lengths, output_size=hot.numel())
+    popular = torch.ones(b, dtype=torch.bool, device=hot.device)
     popular[sample_of[~hot]] = False
     return popular
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -28,6 +28,7 @@ from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.embedding import EmbeddingLookup, HotlineEmbeddingBagCollection
 from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_batch
+from distrec.hotline.rows import find_sorted
 
 WORKER_NAME = "hotline-prefetch"
 
@@ -36,17 +37,25 @@ Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B)
 
 @dataclass
 class PipelineStats:
-    """Counts since the pipeline started: mini-batches, samples, popular samples, re-learnings."""
+    """Counts since training started: mini-batches, samples, popular samples, lookups
+    (indices), lookups of hot rows, re-learnings of the hot set."""
 
     steps: int = 0
     samples: int = 0
     popular_samples: int = 0
+    lookups: int = 0
+    hot_lookups: int = 0
     relearns: int = 0
 
     @property
     def popular_fraction(self) -> float:
         """Fraction of samples that ran in popular micro-batches."""
         return self.popular_samples / self.samples if self.samples else 0.0
+
+    @property
+    def hot_lookup_fraction(self) -> float:
+        """Fraction of lookups served by the fast tier."""
+        return self.hot_lookups / self.lookups if self.lookups else 0.0
 
 
 class HotlinePipeline:
@@ -81,9 +90,9 @@ class HotlinePipeline:
         self.budget_bytes = budget_bytes
         self.relearn_every = relearn_every
         self.stats = PipelineStats()
-        if hot_set is not None:
-            embeddings.set_hot_set(hot_set)
         self.hot_set = HotSet.from_global_ids(embeddings.hot_ids.cpu().numpy(), embeddings.space, budget_bytes)
+        if hot_set is not None:
+            self.use_hot_set(hot_set)
         self._sampled_at_relearn = logger.sampled_batches
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WORKER_NAME)
 
@@ -99,7 +108,8 @@ class HotlinePipeline:
         size = batch.batch_size
         ids = self.embeddings.space.batch_ids(batch)
         self.logger.observe(ids)
-        mask = is_popular(batch, ids, self.embeddings.hot_ids)
+        hot, _ = find_sorted(self.embeddings.hot_ids, ids)
+        mask = is_popular(batch, hot)
         num_popular = int(mask.sum())
         if num_popular in (0, size):
             popular, other = (batch, None) if num_popular == size else (None, batch)
@@ -125,6 +135,8 @@ class HotlinePipeline:
         self.stats.steps += 1
         self.stats.samples += size
         self.stats.popular_samples += num_popular
+        self.stats.lookups += ids.numel()
+        self.stats.hot_lookups += int(hot.sum())
         return loss
 
     def relearn(self) -> HotSet:
@@ -134,12 +146,25 @@ class HotlinePipeline:
         """
         if self.logger.sampled_batches > self._sampled_at_relearn:
             ids, counts = self.logger.counts()
-            self.hot_set = select_hot_set(ids, counts, self.embeddings.space, self.embeddings.hot_row_bytes, self.budget_bytes)
-            self.embeddings.set_hot_set(self.hot_set)
+            self.use_hot_set(select_hot_set(ids, counts, self.embeddings.space, self.embeddings.hot_row_bytes, self.budget_bytes))
             self.logger.clear()
             self.stats.relearns += 1
         self._sampled_at_relearn = self.logger.sampled_batches
         return self.hot_set
+
+    def use_hot_set(self, hot: HotSet) -> None:
+        """Move rows between tiers so that exactly the rows of ``hot`` are in the fast tier."""
+        self.embeddings.set_hot_set(hot)
+        self.hot_set = hot
+
+    def state_dict(self) -> dict:
+        """The counters and the position in the learning window (small; the logger's
+        entries and the hot rows are saved by their owners)."""
+        return {"stats": asdict(self.stats), "sampled_at_relearn": self._sampled_at_relearn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats = PipelineStats(**state["stats"])
+        self._sampled_at_relearn = int(state["sampled_at_relearn"])
 
     def close(self) -> None:
         """Stop the worker thread (waiting for a gather in flight)."""

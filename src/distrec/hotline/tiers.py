@@ -125,6 +125,11 @@ class TwoTierStore:
         """Bytes of the fast tier: hot rows and their ids."""
         return self.fast.numel() * FLOAT_BYTES + self.hot_ids.numel() * self.hot_ids.element_size()
 
+    @property
+    def slow_bytes(self) -> int:
+        """Bytes of the slow tier: a slot for every row (hot rows' slots are stale)."""
+        return self.slow.numel() * FLOAT_BYTES
+
     def gather(self, ids: torch.Tensor, width: int | None = None) -> torch.Tensor:
         """The first ``width`` floats (default: all) of rows ``ids``, on the store's device.
 

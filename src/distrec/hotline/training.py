@@ -1,0 +1,198 @@
+"""HotlineTraining: a model's training step with its embedding rows in two tiers.
+
+Turns a built model (``distrec.models.build.build_model``, whose ``embeddings`` is an
+EmbeddingBagCollection) and a run's configuration into the contract of
+``distrec.train.step.TrainStep``: ``step(batch) -> loss`` runs one mini-batch through the
+Hotline pipeline (popular micro-batch from the fast tier while the non-popular one's cold
+rows are prefetched), then the dense optimizer, the tiered row optimizer and the
+learning-rate schedulers.
+
+Training has the two phases of the paper: until the first re-learning (after
+``hotline.relearn_every`` mini-batches) nothing is hot and every lookup reads the slow
+tier while the access logger samples mini-batches (learning); from then on the hot set is
+in the fast tier (acceleration), re-selected every ``relearn_every`` mini-batches.
+
+Checkpoints: ``state_dict()`` holds the small state (dense model, optimizers, schedulers,
+pipeline counters); ``save(directory)`` writes the rows of both tiers, the hot set and the
+logger's entries as files, since tables may be larger than memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from distrec.config import RunConfig
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
+from distrec.hotline.embedding import HotlineEmbeddingBagCollection, uniform_init
+from distrec.hotline.hot_set import HotSet
+from distrec.hotline.optim import TieredRowOptimizer
+from distrec.hotline.pipeline import HotlinePipeline
+from distrec.io import atomic_path
+from distrec.tables import TableConfig
+from distrec.train.optim import make_optimizers
+from distrec.train.schedule import make_schedulers
+from distrec.train.step import TrainStep
+from distrec.units import parse_bytes
+
+ROWS_FILE = "hotline-rows.npy"  # float32 [rows of all tables, dim + optimizer state]
+HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast tier's rows
+LOGGER_FILE = "hotline-logger.npz"
+
+
+def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
+    """One-row copies of ``tables``: build the model with them (its dense layers do not
+    depend on table sizes) and pass the real ``tables`` to HotlineTraining, so no
+    table-sized tensor is ever allocated."""
+    return [dataclasses.replace(t, num_rows=1) for t in tables]
+
+
+class HotlineTraining:
+    """The training step of a model whose embeddings Hotline keeps in a fast and a slow tier.
+
+    Args:
+        model: a RecommendationModel whose ``embeddings`` is an EmbeddingBagCollection;
+            its ``embeddings`` is replaced by a HotlineEmbeddingBagCollection holding the
+            same weights (copied chunk by chunk).
+        cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
+            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size, slow tier).
+        total_steps: the run's length in optimizer steps (the default decay length).
+        run_dir: the run's output directory; the disk tier's scratch file goes there unless
+            ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped).
+        tables: the real tables when ``model`` was built with ``stand_in_tables(tables)``:
+            their rows are then initialised tier by tier with DLRM's uniform initialisation
+            (seeded by ``cfg.train.seed``) instead of copied from the model.
+        progress: show progress bars while initialising, saving and loading rows.
+
+    Example:
+        >>> model = build_model(cfg.model, 13, tables)
+        >>> with HotlineTraining(model, cfg, total_steps=1000, run_dir=out) as hotline:
+        ...     for batch in batches:
+        ...         loss = hotline.step(batch)
+        ...     print(hotline.stats()["popular_fraction"])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: RunConfig,
+        total_steps: int,
+        run_dir: str | Path,
+        tables: list[TableConfig] | None = None,
+        progress: bool = False,
+    ) -> None:
+        t, h = cfg.train, cfg.hotline
+        self.model = model
+        self.progress = progress
+        embedding_optimizer = t.embedding_optimizer or t.optimizer
+        directory = Path(h.slow_tier_dir or run_dir)
+        device = next(model.parameters()).device
+        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress)
+        if tables is None:
+            self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
+        else:
+            self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=uniform_init(tables, t.seed), **tier_kwargs)
+        model.embeddings = self.embeddings
+        try:
+            embedding_lr = t.embedding_lr if t.embedding_lr is not None else t.lr
+            self.optimizers = [*make_optimizers(model, t.optimizer, t.lr), TieredRowOptimizer(self.embeddings, lr=embedding_lr)]
+            self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
+            self.train_step = TrainStep(model, self.optimizers, self.schedulers)
+            self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
+            total_rows = self.embeddings.space.total_rows
+            hot_rows = min(self.budget_bytes // self.embeddings.hot_row_bytes, total_rows)
+            logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
+            self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed)
+            self.pipeline = HotlinePipeline(self.embeddings, self.logger, self.budget_bytes, h.relearn_every)
+        except BaseException:
+            self.embeddings.close()
+            raise
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One training step on ``batch``; the mean loss, detached (as ``TrainStep.__call__``).
+
+        On an error no gradient of the failed step survives, dense or embedding.
+        """
+        try:
+            loss = self.pipeline.run(batch, self.train_step.backward)
+        except BaseException:
+            self.train_step.zero_grad()
+            raise
+        self.train_step.apply()
+        return loss
+
+    __call__ = step
+
+    def stats(self) -> dict[str, Any]:
+        """What Hotline did so far: fractions of samples run popular and of lookups served
+        hot, re-learnings, hot rows, and the bytes of the fast tier, slow tier and logger."""
+        s, store = self.pipeline.stats, self.embeddings.store
+        return {
+            "popular_fraction": s.popular_fraction,
+            "hot_lookup_fraction": s.hot_lookup_fraction,
+            "relearns": s.relearns,
+            "hot_rows": int(self.embeddings.hot_ids.numel()),
+            "hot_budget_bytes": self.budget_bytes,
+            "fast_tier_bytes": store.fast_bytes,
+            "slow_tier_bytes": store.slow_bytes,
+            "slow_tier": store.slow_kind,
+            "logger_bytes": self.logger.nbytes,
+            "sampled_batches": self.logger.sampled_batches,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Small state: dense model, optimizers, schedulers, pipeline counters (see ``save``)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "pipeline": self.pipeline.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        for opt, s in zip(self.optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(s)
+        for scheduler, s in zip(self.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(s)
+        self.pipeline.load_state_dict(state["pipeline"])
+
+    def save(self, directory: str | Path) -> None:
+        """Write the rows of both tiers (weights and optimizer state), the hot set and the
+        logger's entries into ``directory``, each file atomically, memory bounded."""
+        directory = Path(directory)
+        self.embeddings.store.save(directory / ROWS_FILE, progress=self.progress)
+        with atomic_path(directory / HOT_IDS_FILE) as tmp, open(tmp, "wb") as f:
+            np.save(f, self.embeddings.hot_ids.cpu().numpy())
+        self.logger.save(directory / LOGGER_FILE)
+
+    def load(self, directory: str | Path) -> None:
+        """Continue from the files ``save`` wrote into ``directory`` (same tables and config)."""
+        directory = Path(directory)
+        missing = [name for name in (ROWS_FILE, HOT_IDS_FILE, LOGGER_FILE) if not (directory / name).is_file()]
+        if missing:
+            raise DistrecError(f"{str(directory)!r} has no {missing[0]}; resume a run that was trained with --hotline")
+        hot_ids = np.load(directory / HOT_IDS_FILE)
+        self.pipeline.use_hot_set(HotSet.from_global_ids(hot_ids, self.embeddings.space, self.budget_bytes))
+        self.embeddings.store.load(directory / ROWS_FILE, progress=self.progress)
+        self.logger.load(directory / LOGGER_FILE)
+
+    def close(self) -> None:
+        """Stop the prefetch worker and release both tiers."""
+        try:
+            self.pipeline.close()
+        finally:
+            self.embeddings.close()
+
+    def __enter__(self) -> HotlineTraining:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

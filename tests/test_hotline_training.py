@@ -1,0 +1,124 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+from test_hotline_embedding import TABLES, all_rows, zipf_batch
+
+from distrec import config
+from distrec.errors import DistrecError
+from distrec.hotline.hot_set import hot_row_bytes
+from distrec.hotline.optim import row_state_floats
+from distrec.hotline.training import HotlineTraining, stand_in_tables
+from distrec.models.build import build_model
+from distrec.train.optim import make_optimizers
+from distrec.train.schedule import make_schedulers
+from distrec.train.step import TrainStep
+
+NUM_DENSE = 4
+STEPS = 8
+
+
+def run_config(optimizer: str = "adagrad", **hotline: object) -> config.RunConfig:
+    overrides = [
+        f"train.optimizer={optimizer}",
+        "train.lr=0.05",
+        "train.warmup_steps=3",
+        "train.decay=linear",
+        "train.decay_steps=10",
+        "hotline.enabled=true",
+        "hotline.sample_rate=1.0",
+        "hotline.relearn_every=2",
+        "hotline.slow_tier=disk",
+        *(f"hotline.{k}={v}" for k, v in hotline.items()),
+    ]
+    return config.load(None, overrides, preset="tiny")
+
+
+def tiny_model(cfg: config.RunConfig, tables=TABLES):
+    torch.manual_seed(0)
+    return build_model(cfg.model, NUM_DENSE, tables)
+
+
+def batches(seed: int, n: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [zipf_batch(rng, 32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_training_through_hotline_equals_ordinary_training(tmp_path, optimizer):
+    cfg = run_config(optimizer, hot_budget=30 * hot_row_bytes(8, row_state_floats(optimizer, 8)))
+    model = tiny_model(cfg)
+    optimizers = make_optimizers(model, optimizer, cfg.train.lr)
+    baseline = TrainStep(model, optimizers, make_schedulers(optimizers, 3, "linear", 0, 10))
+    with HotlineTraining(copy.deepcopy(model), cfg, total_steps=STEPS, run_dir=tmp_path) as hotline:
+        for batch in batches(0, STEPS):
+            expected = baseline(batch)
+            assert abs(float(hotline.step(batch)) - float(expected)) < 1e-6
+        stats = hotline.stats()
+        assert stats["relearns"] == 3
+        assert 0 < stats["popular_fraction"] < 1 and 0 < stats["hot_lookup_fraction"] < 1
+        assert 0 < stats["hot_rows"] <= 30
+        torch.testing.assert_close(all_rows(hotline.embeddings), model.embeddings.weight.detach(), rtol=0, atol=1e-6)
+        dense = dict(hotline.model.named_parameters())
+        for name, p in model.named_parameters():
+            if not name.startswith("embeddings."):
+                torch.testing.assert_close(dense[name], p, rtol=0, atol=1e-6)
+        assert hotline.optimizers[-1].param_groups[0]["lr"] == optimizers[-1].param_groups[0]["lr"]
+    assert list(tmp_path.iterdir()) == []  # the slow tier's file is gone
+
+
+def test_a_checkpoint_round_trip_continues_exactly(tmp_path):
+    cfg = run_config("adam", hot_budget="2KB")
+    data = batches(1, 2 * STEPS)
+    with HotlineTraining(tiny_model(cfg), cfg, 2 * STEPS, tmp_path / "a") as first:
+        for batch in data[:STEPS]:
+            first.step(batch)
+        state = copy.deepcopy(first.state_dict())
+        first.save(tmp_path / "ckpt")
+        for batch in data[STEPS:]:
+            first.step(batch)
+        expected_rows = all_rows(first.embeddings)
+        expected_dense = copy.deepcopy(first.model.state_dict())
+        expected_stats = first.stats()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["hotline-hot-ids.npy", "hotline-logger.npz", "hotline-rows.npy"]
+    torch.manual_seed(99)  # a differently initialised model: everything must come from the checkpoint
+    with HotlineTraining(build_model(cfg.model, NUM_DENSE, TABLES), cfg, 2 * STEPS, tmp_path / "b") as resumed:
+        resumed.load_state_dict(state)
+        resumed.load(tmp_path / "ckpt")
+        for batch in data[STEPS:]:
+            resumed.step(batch)
+        assert torch.equal(all_rows(resumed.embeddings), expected_rows)
+        for name, value in resumed.model.state_dict().items():
+            assert torch.equal(value, expected_dense[name]), name
+        assert resumed.stats() == expected_stats
+        assert expected_stats["relearns"] >= 4
+
+
+def test_stand_in_tables_build_no_table_sized_tensor_and_train(tmp_path):
+    cfg = run_config("sgd", hot_budget="1KB")
+    model = tiny_model(cfg, stand_in_tables(TABLES))
+    assert model.embeddings.weight.shape[0] == len(TABLES)
+    with HotlineTraining(model, cfg, STEPS, tmp_path, tables=TABLES) as hotline:
+        assert hotline.embeddings.space.total_rows == sum(t.num_rows for t in TABLES)
+        rows = all_rows(hotline.embeddings)
+        assert rows[: TABLES[0].num_rows].abs().max() <= TABLES[0].num_rows ** -0.5
+        losses = [float(hotline.step(b)) for b in batches(2, STEPS)]
+        assert all(np.isfinite(losses))
+        assert not torch.equal(all_rows(hotline.embeddings), rows)
+
+
+def test_a_failed_step_leaves_no_gradient(tmp_path):
+    cfg = run_config("sgd", hot_budget="1KB")
+    with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path) as hotline:
+        batch = batches(3, 1)[0]
+        batch.sparse_values[0] = TABLES[0].num_rows  # outside its table
+        with pytest.raises(DistrecError, match="outside"):
+            hotline.step(batch)
+        assert all(p.grad is None for p in hotline.model.parameters())
+
+
+def test_loading_from_a_directory_without_hotline_files_is_a_user_error(tmp_path):
+    cfg = run_config("sgd")
+    with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path) as hotline, pytest.raises(DistrecError, match="--hotline"):
+        hotline.load(tmp_path)
