@@ -1,0 +1,139 @@
+"""``distrec plan``: shard embedding tables over devices (NeuroShard or a baseline heuristic).
+
+``distrec plan collect`` measures this machine's micro-benchmarks and ``distrec plan
+train-cost-models`` trains the cost models that ``distrec plan`` searches with. All three
+use one folder by default (``distrec.planner.store``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args
+
+EXAMPLES = """
+examples:
+  distrec plan collect --devices 4 8                  # micro-benchmarks (resumable), ~15 min on 2 CPU cores
+  distrec plan train-cost-models                      # prints each model's test MSE
+  distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB -o plan.json
+  distrec plan --data day_0.gz --data-format criteo --devices 8 --memory-per-device 2GB \\
+      --pin C3=0 --no-split C12 -o plan.json
+  distrec plan --tables tables.yaml --devices 4 --memory-per-device 64MB --algorithm size-lookup-greedy -o plan.json
+  distrec train --data day_0.gz --data-format criteo --plan plan.json ...   # train with the plan
+
+A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram (optional:
+17 reuse-factor fractions)}. Cost data and models live in $DISTREC_CACHE/planner (default
+~/.cache/distrec/planner) unless --out / --cost-models say otherwise.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from distrec.planner.api import ALGORITHMS
+
+    p = sub.add_parser("plan", help="plan how tables are sharded over devices", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
+    tables = p.add_argument_group("tables (one of --tables or --data)")
+    tables.add_argument("--tables", metavar="FILE", help="YAML/JSON table list")
+    add_data_args(tables)
+    add_config_args(tables)
+    tables.add_argument("--dim", type=int, metavar="N", help="with --data: embedding dimension (default model.embedding_dim)")
+    tables.add_argument("--batch-size", type=int, metavar="B", help="with --data: samples per training batch (default train.batch_size)")
+    tables.add_argument("--sample-rows", type=int, default=262_144, metavar="N", help="with --data: rows read to measure the tables")
+    p.add_argument("--devices", type=int, metavar="D", help="number of devices (ranks)")
+    p.add_argument("--memory-per-device", metavar="SIZE", help="table memory per device, e.g. 4GB or 512MiB")
+    p.add_argument("-o", "--output", metavar="FILE", help="where to write the plan (JSON)")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="neuroshard", help="planner (default neuroshard)")
+    p.add_argument("--cost-models", metavar="DIR", help="folder (or .pt file) of trained cost models (default ~/.cache/distrec/planner)")
+    p.add_argument("--pin", action="append", default=[], metavar="TABLE=RANK", help="put a table whole on a rank (repeatable)")
+    p.add_argument("--no-split", action="append", default=[], metavar="TABLE", help="never split this table's columns (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random heuristic")
+    p.set_defaults(handler=run)
+
+    actions = p.add_subparsers(dest="plan_command", metavar="ACTION", required=False)
+    collect = actions.add_parser("collect", help="measure cost micro-benchmarks on this machine", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
+    collect.add_argument("--devices", type=int, nargs="+", required=True, metavar="D", help="world sizes of the all-to-all benchmarks, e.g. 4 8")
+    collect.add_argument("--compute-samples", type=int, default=800, metavar="N", help="lookup samples in total (default 800)")
+    collect.add_argument("--comm-samples", type=int, default=250, metavar="N", help="all-to-all samples per world size (default 250)")
+    collect.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
+    collect.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
+    collect.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
+    collect.add_argument("--seed", type=int, default=0)
+    collect.add_argument("--out", metavar="DIR", help="folder of costs.jsonl (default ~/.cache/distrec/planner)")
+    collect.add_argument("--no-progress", action="store_true", help="no progress bars")
+    collect.set_defaults(handler=run_collect)
+    train = actions.add_parser("train-cost-models", help="train the cost models on collected data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
+    train.add_argument("--cost-data", nargs="+", metavar="FILE", help="collected JSONL files (default DIR/costs.jsonl)")
+    train.add_argument("--out", metavar="DIR", help="folder of cost_models.pt (default ~/.cache/distrec/planner)")
+    train.add_argument("--epochs", type=int, default=1000, help="most epochs per model (early stopping ends sooner)")
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(handler=run_train)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.errors import DistrecError
+    from distrec.planner import format_report, parse_constraints, plan_tables
+    from distrec.planner.store import load_cost_models
+    from distrec.units import parse_bytes
+
+    missing = [flag for flag, value in (("--devices", args.devices), ("--memory-per-device", args.memory_per_device), ("-o", args.output)) if value is None]
+    if missing:
+        raise DistrecError(f"distrec plan needs {', '.join(missing)}; e.g. distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB -o plan.json")
+    if args.devices < 1:
+        raise DistrecError(f"--devices {args.devices} must be at least 1")
+    memory = parse_bytes(args.memory_per_device, "--memory-per-device")
+    tables = _tables(args)
+    constraints = parse_constraints(args.pin, args.no_split)
+    needs_models = args.algorithm == "neuroshard" or args.cost_models is not None
+    models = load_cost_models(args.cost_models) if needs_models else None
+    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed)
+    plan.save(args.output)
+    print(format_report(report))
+    keys = ("algorithm", "devices", "predicted_max_ms", "search_time_s", "cache_hit_rate")
+    print(json.dumps({"plan": args.output, **{k: report[k] for k in keys if k in report}}))
+    return 0
+
+
+def _tables(args: argparse.Namespace):
+    """The TableSpecs of --tables or of --data."""
+    from distrec.errors import DistrecError
+
+    if (args.tables is None) == (args.data is None and args.data_format is None):
+        raise DistrecError("give the tables with exactly one of --tables FILE or --data PATH --data-format F")
+    if args.tables is not None:
+        from distrec.planner import load_table_specs
+
+        return load_table_specs(args.tables)
+    from distrec.cli.args import config_from_args
+    from distrec.data import Dataset, prepare
+    from distrec.planner.data_tables import table_specs_from_dataset
+
+    cfg = config_from_args(args)
+    dataset = Dataset(prepare(cfg.data, progress=not args.no_progress), cfg.data)
+    dim = args.dim or cfg.model.embedding_dim
+    return table_specs_from_dataset(dataset, dim, cfg.train.batch_size, args.sample_rows, progress=not args.no_progress)
+
+
+def run_collect(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.errors import DistrecError
+    from distrec.planner import run_collect as collect
+    from distrec.planner.store import COST_DATA_FILE, planner_dir
+
+    if min(args.devices) < 2 or min(args.compute_samples, args.comm_samples) < 0:
+        raise DistrecError("collect needs --devices of at least 2 and sample counts >= 0")
+    out = planner_dir(args.out) / COST_DATA_FILE
+    for devices in args.devices:
+        collect(out, args.compute_samples, args.comm_samples, devices, batch_size=args.batch_size, seed=args.seed,
+                max_dim=args.max_dim, device=args.device, progress=not args.no_progress)
+    print(json.dumps({"cost_data": str(out), "devices": args.devices, "compute_samples": args.compute_samples, "comm_samples": args.comm_samples}))
+    return 0
+
+
+def run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.planner import train_cost_models
+    from distrec.planner.store import COST_DATA_FILE, cost_models_path, planner_dir
+
+    data = args.cost_data or [planner_dir(args.out) / COST_DATA_FILE]
+    out = cost_models_path(args.out)
+    models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs)
+    print(json.dumps({"cost_models": str(out), "hardware": models.hardware, "test_mse": {k: m["test_mse"] for k, m in models.metrics.items()}}))
+    return 0

@@ -1,0 +1,145 @@
+"""``distrec plan``, ``plan collect`` and ``plan train-cost-models`` from the command line."""
+
+import json
+
+import pytest
+import yaml
+
+from distrec.cli import main
+from distrec.parallel.plan import ShardingPlan
+from distrec.planner.store import COST_DATA_FILE, COST_MODELS_FILE
+from distrec.planner.table_file import load_table_specs
+from test_planner_cost_models import write_synthetic_costs
+
+TABLES = [
+    {"name": "user", "rows": 20_000, "dim": 32, "pooling_factor": 1},
+    {"name": "item", "rows": 5_000, "dim": 16, "pooling_factor": 12.5},
+    {"name": "history", "rows": 8_000, "dim": 64, "pooling_factor": 30},
+    {"name": "country", "rows": 200, "dim": 8, "pooling_factor": 1},
+]  # 4.9 MB in all; "history" is 2 MB, "user" 2.56 MB
+
+
+@pytest.fixture
+def tables_file(tmp_path):
+    path = tmp_path / "tables.yaml"
+    path.write_text(yaml.safe_dump(TABLES))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cost_models_dir(tmp_path_factory):
+    """Cost models for 2 devices trained by the CLI on a small synthetic cost file."""
+    folder = tmp_path_factory.mktemp("planner")
+    write_synthetic_costs(folder / COST_DATA_FILE, compute_samples=60, comm_samples=60)
+    assert main(["plan", "train-cost-models", "--out", str(folder), "--epochs", "5"]) == 0
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path, monkeypatch):
+    """The default planner folder (under $DISTREC_CACHE) starts empty in every test."""
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+
+
+def plan_cli(*args) -> int:
+    return main(["plan", *map(str, args)])
+
+
+def test_train_cost_models_prints_test_mse_and_saves_with_hardware(cost_models_dir, capsys):
+    capsys.readouterr()
+    assert main(["plan", "train-cost-models", "--out", str(cost_models_dir), "--epochs", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("compute: test MSE") for line in out)
+    summary = json.loads(out[-1])
+    assert summary["hardware"]["cpu"] == "test cpu" and set(summary["test_mse"]) == {"compute", "fw_comm_2", "bw_comm_2"}
+    assert (cost_models_dir / COST_MODELS_FILE).is_file()
+
+
+def test_neuroshard_plan_is_written_valid_and_reported(tables_file, cost_models_dir, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert plan_cli("--tables", tables_file, "--devices", 2, "--memory-per-device", "3MB", "--cost-models", cost_models_dir, "-o", out) == 0
+    printed = capsys.readouterr().out
+    plan = ShardingPlan.load(out)
+    specs = load_table_specs(tables_file)
+    plan.validate([t.to_config() for t in specs], 3 * 10**6)
+    assert all((s.col_end - s.col_start) % 4 == 0 for p in plan.tables for s in p.shards)
+    summary = json.loads(printed.splitlines()[-1])
+    assert summary["algorithm"] == "neuroshard" and summary["devices"] == 2 and 0 <= summary["cache_hit_rate"] <= 1
+    assert "predicted cost (max over devices)" in printed and "cache hit rate" in printed and printed.count("rank ") == 2
+
+
+def test_constraints_are_honoured(tables_file, cost_models_dir, tmp_path):
+    out = tmp_path / "plan.json"
+    args = ["--tables", tables_file, "--devices", 2, "--memory-per-device", "3MB", "--cost-models", cost_models_dir, "-o", out]
+    assert plan_cli(*args, "--pin", "country=1", "--no-split", "history", "--no-split", "user") == 0
+    plan = ShardingPlan.load(out)
+    assert [s.rank for s in plan.placement("country").shards] == [1]
+    assert plan.placement("history").sharding == plan.placement("user").sharding == "table_wise"
+
+
+@pytest.mark.parametrize("algorithm", ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"])
+def test_heuristics_need_no_cost_models(tables_file, tmp_path, algorithm):
+    out = tmp_path / "plan.json"
+    assert plan_cli("--tables", tables_file, "--devices", 2, "--memory-per-device", "4MB", "--algorithm", algorithm, "-o", out) == 0
+    ShardingPlan.load(out).validate([t.to_config() for t in load_table_specs(tables_file)], 4 * 10**6)
+
+
+def test_tables_measured_from_a_prepared_data_set(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    status = plan_cli(
+        "--data-format", "synthetic", "--set", "data.synthetic.rows=3000", "--set", "data.synthetic.num_sparse=4",
+        "--set", "data.synthetic.pooling_factor=3", "--set", "data.max_ind_range=500", "--cache-dir", tmp_path / "data",
+        "--dim", 8, "--batch-size", 512, "--no-progress", "--devices", 2, "--memory-per-device", "1MB",
+        "--algorithm", "lookup-greedy", "-o", out,
+    )
+    assert status == 0
+    plan = ShardingPlan.load(out)
+    assert len(plan.tables) == 4 and all(s.col_end == 8 for p in plan.tables for s in p.shards)
+    assert all(s.row_end <= 500 for p in plan.tables for s in p.shards)
+
+
+def test_collect_then_train_from_the_default_folder(tmp_path, capsys):
+    status = main(
+        ["plan", "collect", "--devices", "2", "--compute-samples", "12", "--comm-samples", "12", "--batch-size", "32",
+         "--max-dim", "8", "--device", "cpu", "--no-progress"]
+    )
+    assert status == 0
+    data = tmp_path / "cache" / "planner" / COST_DATA_FILE
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["cost_data"] == str(data)
+    kinds = [json.loads(line)["kind"] for line in data.read_text().splitlines()]
+    assert kinds.count("compute") == 12 and kinds.count("comm") == 12
+    assert main(["plan", "train-cost-models", "--epochs", "2"]) == 0
+    assert (tmp_path / "cache" / "planner" / COST_MODELS_FILE).is_file()
+
+
+def user_error(capsys, *args) -> str:
+    """Run ``distrec plan ARGS``, check it failed as a user error, return its one stderr line."""
+    capsys.readouterr()
+    assert plan_cli(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("distrec: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_user_errors_are_one_line(tables_file, cost_models_dir, tmp_path, capsys):
+    base = ["--devices", 2, "--memory-per-device", "3MB", "-o", tmp_path / "plan.json"]
+    with_models = ["--tables", tables_file, *base, "--cost-models", cost_models_dir]
+    err = user_error(capsys, "--tables", tables_file, *base)
+    assert "distrec plan collect" in err and "distrec plan train-cost-models" in err
+    assert "cost models" in user_error(capsys, "--tables", tables_file, *base, "--cost-models", tmp_path / "nothing")
+    assert "'nope'" in user_error(capsys, *with_models, "--pin", "nope=1")
+    assert "'nope'" in user_error(capsys, *with_models, "--no-split", "nope")
+    assert "outside 0..1" in user_error(capsys, *with_models, "--pin", "user=5")
+    assert "table=rank" in user_error(capsys, *with_models, "--pin", "user")
+    assert "needs 2.4 MiB on one device whole" in user_error(
+        capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "2MB", "-o", tmp_path / "p.json",
+        "--cost-models", cost_models_dir, "--no-split", "user",
+    )
+    assert "use more devices" in user_error(capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "2MB", "-o", tmp_path / "p.json", "--algorithm", "dim-greedy")
+    assert "no communication model for 4 devices" in user_error(capsys, "--tables", tables_file, "--devices", 4, "--memory-per-device", "3MB", "-o", tmp_path / "p.json", "--cost-models", cost_models_dir)
+    assert "not a size" in user_error(capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "lots", "-o", tmp_path / "p.json")
+    assert "exactly one of --tables" in user_error(capsys, *base)
+    assert "exactly one of --tables" in user_error(capsys, "--tables", tables_file, "--data-format", "synthetic", *base)
+    assert "needs --devices" in user_error(capsys, "--tables", tables_file)
+    assert "not found" in user_error(capsys, "--tables", tmp_path / "missing.yaml", *base)
+    assert not (tmp_path / "plan.json").exists() and not (tmp_path / "p.json").exists()
