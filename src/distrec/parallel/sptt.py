@@ -169,6 +169,7 @@ def sptt_exchange(
     groups: TopologyGroups,
     tower_module: Callable[[torch.Tensor], torch.Tensor] | None = None,
     tower_dims: Sequence[int] | None = None,
+    grad_scale: float = 1.0,
 ) -> torch.Tensor:
     """SPTT steps (c)-(f); only the (compressed) tower outputs cross hosts.
 
@@ -179,6 +180,7 @@ def sptt_exchange(
         tower_module: optional map ``[H*b, F_host, D] -> [H*b, out_h]`` applied to this
             host's tower before it crosses hosts (step (e)).
         tower_dims: ``out_h`` of every host's tower module (required with ``tower_module``).
+        grad_scale: factor on the gradient returned to ``pooled`` (not on the tower module's).
 
     Returns:
         Without a tower module, ``[b, F, D]`` this rank's samples in the global feature order
@@ -194,7 +196,9 @@ def sptt_exchange(
     # (c) + (d): block l of the peer-ordered rows goes to local rank l
     send = to_peer_order(pooled, topology).reshape(-1)
     send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
-    recv = differentiable_all_to_all(send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host)
+    recv = differentiable_all_to_all(
+        send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale
+    )
     # (e)
     tower = blocks_to_columns(recv, peer_rows, source_widths)
     if tower_module is None:

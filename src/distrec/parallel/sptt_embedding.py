@@ -1,0 +1,131 @@
+"""The sharded embedding collection with SPTT instead of the flat output all-to-all.
+
+Tower t's tables live on host t, table-wise over its ranks (``FeatureLayout.from_towers``).
+Forward on every rank (DMT, Luo et al., MLSys 2024, Fig. 7):
+
+(a) input all-to-all: the bags of every feature go to the rank holding its table (the
+    same exchange as ``ShardedEmbeddingBagCollection``);
+(b) lookup: the owner pools its tables for all ``B = world_size x b`` global samples;
+(c)-(f) ``distrec.parallel.sptt.sptt_exchange``: inside the host, then among peers.
+
+Without a tower module the result is ``[b, F, D]`` equal to the flat module's (values and
+gradients); with one, ``[b, sum of tower outputs]``, and the tower module's parameter
+gradients must be synchronised inside the host with :func:`sync_tower_grads`.
+
+Gradient scale: as in the flat module, every rank's loss is its local mean, so the gradients
+reaching the tables are divided by world_size on their way back (step (d)'s backward).
+
+Example:
+    >>> layout = FeatureLayout.from_towers(topology, partition.feature_indices(names))  # doctest: +SKIP
+    >>> ebc = SpttEmbeddingBagCollection.from_full_weights(tables, layout, groups, full)  # doctest: +SKIP
+    >>> ebc(local_batch).shape                                                           # doctest: +SKIP
+    torch.Size([b, F, D])
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distrec.data.batch import Batch
+from distrec.parallel.comm import all_to_all
+from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sptt import FeatureLayout, sptt_exchange
+from distrec.parallel.topology import TopologyGroups
+from distrec.tables import TableConfig
+
+
+def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> ShardingPlan:
+    """The table-wise plan that puts table f on the rank of ``layout`` that pools feature f."""
+    owner = {f: rank for rank, features in enumerate(layout.features_of_rank) for f in features}
+    return ShardingPlan(
+        layout.topology.world_size,
+        [
+            TablePlacement(t.name, "table_wise", [Shard(owner[f], 0, t.num_rows, 0, t.dim)])
+            for f, t in enumerate(tables)
+        ],
+    )
+
+
+class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """Embedding bags sharded by tower, exchanged with SPTT (optionally through a tower module).
+
+    Args:
+        tables: one table per feature, in the global feature order.
+        layout: the features each rank pools (towers on hosts).
+        groups: this rank's intra- and cross-host groups (``Topology.build_groups``).
+        tower_module: optional module ``[H*b, F_host, D] -> [H*b, out]`` for this host's tower.
+        tower_dims: ``out`` of every host's tower module (required with ``tower_module``).
+        device: where to allocate the weights.
+    """
+
+    def __init__(
+        self,
+        tables: list[TableConfig],
+        layout: FeatureLayout,
+        groups: TopologyGroups,
+        tower_module: nn.Module | None = None,
+        tower_dims: Sequence[int] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__(tables, tower_plan(tables, layout), None, device)
+        self.layout = layout
+        self.groups = groups
+        self.tower_module = tower_module
+        self.tower_dims = None if tower_dims is None else list(tower_dims)
+        local_features = [u.feature for u in self.local_units]
+        # columns of the pooled tensor: the layout's order of this rank's features
+        self.column_of_unit = [local_features.index(f) for f in layout.features_of_rank[self.rank]]
+
+    @classmethod
+    def from_full_weights(cls, tables, layout, groups, full, tower_module=None, tower_dims=None, device=None):
+        module = cls(tables, layout, groups, tower_module, tower_dims, device)
+        module.load_full_weights(full)
+        return module
+
+    def pool_global(self, batch: Batch) -> torch.Tensor:
+        """Steps (a) + (b): this rank's tables pooled for every global sample, ``[B, F_rank, D]``."""
+        b_local = batch.batch_size
+        send_lengths, send_values, nnz = self._send_buffers(batch)
+        counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=batch.sparse_values.device)
+        ones = [1] * self.world_size
+        recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
+        source_batch = [int(c[0]) for c in recv_counts]
+        n_local = len(self.local_units)
+        recv_lengths = all_to_all(
+            torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
+        )
+        recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
+        if n_local == 0:  # still a graph node, so this rank joins the backward exchanges
+            return batch.dense.new_zeros(sum(source_batch), 0, self.dim).requires_grad_()
+        pieces = self._lookup(recv_lengths, recv_values, source_batch)
+        pooled = torch.cat([torch.stack(per_unit, dim=1) for per_unit in pieces])
+        return pooled[:, self.column_of_unit]
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """``[b, F, D]`` in the global feature order, or ``[b, sum(tower_dims)]`` with a tower module."""
+        return sptt_exchange(
+            self.pool_global(batch),
+            self.layout,
+            self.groups,
+            self.tower_module,
+            self.tower_dims,
+            grad_scale=1.0 / self.world_size,
+        )
+
+
+def sync_tower_grads(module: nn.Module, groups: TopologyGroups, world_size: int) -> None:
+    """Sum a tower module's gradients over its host's ranks, divided by ``world_size``.
+
+    Each rank of host h back-propagates the losses of its peers' samples through tower h, and
+    every rank's loss is its local mean; the host-wide sum over world_size is then the
+    gradient of the global mean loss. Only the intra-host group is used.
+    """
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=groups.intra_host)
+            p.grad.div_(world_size)

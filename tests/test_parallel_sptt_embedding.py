@@ -1,0 +1,109 @@
+"""SPTT from sparse inputs: equal to the flat sharded module and to plain embedding bags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distrec.data.batch import Batch
+from distrec.models.embedding import EmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sptt import FeatureLayout
+from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
+from distrec.parallel.topology import Topology
+from distrec.tables import TableConfig
+from multiprocess import run_distributed
+
+DIM = 4
+LOCAL_BATCH = 3
+TABLES = [TableConfig(f"t{i}", rows, DIM, multi_hot=True) for i, rows in enumerate([30, 17, 25, 9, 40, 12, 21])]
+# towers of feature indices per topology (the 2x3 one leaves a rank without tables)
+TOWERS = {
+    (2, 2): [[5, 0, 3], [6, 2, 1, 4]],
+    (2, 3): [[4, 0, 6, 2, 1], [5, 3]],
+    (4, 1): [[0, 5], [2], [1, 3], [4, 6]],
+    (1, 4): [[6, 1, 4, 0, 3, 2, 5]],
+}
+
+
+def _global_batch(rows: int, max_bag: int, seed: int) -> Batch:
+    """Random bags of 1..max_bag indices (max_bag=1: single-hot)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_bag + 1, (len(TABLES), rows), generator=g)
+    values = torch.cat([torch.randint(0, t.num_rows, (int(lengths[f].sum()),), generator=g) for f, t in enumerate(TABLES)])
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+    return Batch(torch.zeros(rows, 1), values, offsets, torch.zeros(rows))
+
+
+def _table_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Dense gradients of this rank's tables (name -> [rows, D])."""
+    return {u.table: w.grad.to_dense()[start : start + u.num_rows] for u, w, start in _blocks(module)}
+
+
+def _blocks(module):
+    for k, u in enumerate(module.local_units):
+        yield u, module.weights[module.unit_group[k]], module.unit_base[k]
+
+
+def _check(rank: int, world: int, hosts: int, max_bag: int) -> None:
+    topology = Topology(hosts, world // hosts)
+    groups = topology.build_groups()
+    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)])
+    torch.manual_seed(0)
+    reference = EmbeddingBagCollection(TABLES)
+    full = {t.name: reference.table_weight(t.name).detach().clone() for t in TABLES}
+    batch = _global_batch(world * LOCAL_BATCH, max_bag, seed=11)
+    upstream = torch.randn(world * LOCAL_BATCH, len(TABLES), DIM, generator=torch.Generator().manual_seed(5))
+    mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    local = batch.slice(mine.start, mine.stop)
+
+    expected = reference(batch)
+    (expected * upstream).sum().backward()
+    expected_grads = reference.weight.grad.to_dense()
+
+    modules = [("sptt", SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, groups, full))]
+    if all(layout.feature_counts):  # the flat module cannot back-propagate on a rank without tables
+        flat = ShardedEmbeddingBagCollection.from_full_weights(TABLES, tower_plan(TABLES, layout), full)
+        modules.insert(0, ("flat", flat))
+    for name, module in modules:
+        out = module(local)
+        torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6, msg=lambda m: f"{name} values: {m}")
+        # local-mean losses: world x the global gradient, which the exchanges scale back
+        (out * upstream[mine]).sum().mul(world).backward()
+        for table, grad in _table_grads(module).items():
+            start, end = reference.table_rows(table)
+            torch.testing.assert_close(grad, expected_grads[start:end], msg=lambda m: f"{name} {table} grad: {m}")
+
+    # tower modules: the host-summed parameter gradients equal the single-process ones
+    host = topology.host(rank)
+    features = [f for r in topology.host_ranks(host) for f in layout.features_of_rank[r]]
+    torch.manual_seed(100 + host)
+    tower = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
+    single = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
+    single.load_state_dict(tower.state_dict())
+    dmt = SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, groups, full, tower, [2] * hosts)
+    out = dmt(local)
+    tower_upstream = torch.randn(world * LOCAL_BATCH, 2 * hosts, generator=torch.Generator().manual_seed(9))
+    (out * tower_upstream[mine]).sum().mul(world).backward()
+    sync_tower_grads(tower, groups, world)
+    pooled = expected.detach()
+    single_out = single(pooled[:, features])
+    torch.testing.assert_close(out[:, 2 * host : 2 * host + 2], single_out[mine].detach(), rtol=1e-5, atol=1e-6)
+    (single_out * tower_upstream[:, 2 * host : 2 * host + 2]).sum().backward()
+    for p, ref in zip(tower.parameters(), single.parameters()):
+        torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-6)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("hosts,ranks_per_host", list(TOWERS))
+def test_sptt_module_equals_flat_and_unsharded_single_and_multi_hot(hosts, ranks_per_host):
+    world = hosts * ranks_per_host
+    run_distributed(_run_both, world, hosts)
+
+
+def _run_both(rank: int, world: int, hosts: int) -> None:
+    for max_bag in (1, 4):  # single-hot, multi-hot
+        _check(rank, world, hosts, max_bag)
