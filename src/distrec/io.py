@@ -66,14 +66,23 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_directory(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def publish_directory(complete: Path, path: Path) -> None:
+    """Rename the finished directory ``complete`` to ``path``, replacing an existing one.
+
+    The old ``path`` is first renamed to ``.NAME.old`` beside it and removed only after the
+    new one is in place, so at every instant one complete directory can be found.
+    """
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(complete, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -27,8 +27,29 @@ COMPONENTS = (
 )
 
 
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Total length in ms of the union of (start, end) intervals in seconds."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total * 1e3
+
+
 class StepTimer:
     """Accumulates milliseconds per component for every step, then summarises them.
+
+    ``TrainStep`` charges ``forward``, ``loss``, ``backward``, ``gradient_all_reduce`` and
+    ``optimizer``; the trainer charges ``data_loading``. At the end of each step the
+    forward time is split with what the watched modules reported:
+
+    - ``watch_embeddings(module)``: time inside the embedding module (training forwards
+      only) is ``lookup``, the rest of the forward ``dense_forward``; a sharded module's
+      exchange statistics (``stats.input_ms``, ``stats.output_ms``) move its all-to-all
+      time to ``input_all_to_all`` and ``output_all_to_all``;
+    - ``watch_ddp(ddp)``: the time during which a DDP gradient all-reduce was in flight
+      (it overlaps backward) moves from ``backward`` to ``gradient_all_reduce``.
 
     On CUDA it synchronises the device at each boundary, so that asynchronous kernels are
     charged to the component that launched them.
@@ -39,6 +60,8 @@ class StepTimer:
         self.skip_first = skip_first
         self.steps: list[dict[str, float]] = []
         self.current: dict[str, float] = defaultdict(float)
+        self._embedding_ms = 0.0
+        self._all_reduces: list[tuple[float, float]] = []
 
     def _now(self) -> float:
         if self.sync:
@@ -55,9 +78,56 @@ class StepTimer:
         """Charge ``ms`` measured elsewhere (e.g. inside a module) to ``name``."""
         self.current[name] += ms
 
+    def watch_embeddings(self, module: torch.nn.Module) -> None:
+        """Time every training forward of ``module`` (see the class doc)."""
+        started: list[float] = []
+
+        def before(mod, args) -> None:
+            if mod.training:
+                started.append(self._now())
+
+        def after(mod, args, output) -> None:
+            if mod.training and started:
+                ms = (self._now() - started.pop()) * 1e3
+                self._embedding_ms += ms
+                stats = getattr(mod, "stats", None)
+                if stats is not None:
+                    self.current["input_all_to_all"] += stats.input_ms
+                    self.current["output_all_to_all"] += stats.output_ms
+                    ms -= stats.input_ms + stats.output_ms
+                self.current["lookup"] += max(0.0, ms)
+
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+
+    def watch_ddp(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Record when each of ``ddp``'s gradient buckets is being all-reduced."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def timed_allreduce(group, bucket):
+            start = time.perf_counter()
+
+            def done(future):
+                self._all_reduces.append((start, time.perf_counter()))
+                return future.value()
+
+            return allreduce_hook(group, bucket).then(done)
+
+        ddp.register_comm_hook(ddp.process_group, timed_allreduce)
+
     def end_step(self) -> None:
-        self.steps.append(dict(self.current))
+        """Close the current step: split its forward and backward time, start the next."""
+        step = self.current
+        if "forward" in step:
+            step["dense_forward"] += max(0.0, step.pop("forward") - self._embedding_ms)
+        if self._all_reduces:
+            overlap = _union_ms(self._all_reduces)
+            step["gradient_all_reduce"] += overlap
+            step["backward"] = max(0.0, step["backward"] - overlap)
+        self.steps.append(dict(step))
         self.current = defaultdict(float)
+        self._embedding_ms = 0.0
+        self._all_reduces = []
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Mean and median ms per component over the measured steps (warm-up steps skipped)."""

@@ -7,17 +7,20 @@ it by a rename once every file is written (see ``distrec.io.atomic_directory``).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from distrec.errors import DistrecError
-from distrec.io import atomic_directory
+from distrec.io import atomic_directory, publish_directory
+from distrec.parallel.reshard import Block, held_blocks, import_blocks
 
 CHECKPOINT_DIR = "checkpoint"
 META_FILE = "meta.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def state_file(rank: int = 0) -> str:
@@ -32,6 +35,29 @@ def save_checkpoint(run_dir: Path, states: dict[int, dict[str, Any]], meta: dict
         for rank, state in states.items():
             torch.save(state, tmp / state_file(rank))
         (tmp / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
+    return target
+
+
+def save_checkpoint_collectively(run_dir: Path, state: dict[str, Any], meta: dict[str, Any], group: dist.ProcessGroup | None = None) -> Path:
+    """Every rank of ``group`` writes its ``state`` into run_dir/checkpoint; rank 0 adds ``meta``.
+
+    A collective call. The files go into a staging directory that rank 0 renames into place
+    only after every rank has written, so a run killed during the save (any rank) leaves the
+    previous checkpoint complete; a staging directory left behind is cleared at the next save.
+    """
+    rank = dist.get_rank(group)
+    target = Path(run_dir) / CHECKPOINT_DIR
+    staging = target.with_name(f".{CHECKPOINT_DIR}.writing")
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier(group)
+    torch.save(state, staging / state_file(rank))
+    dist.barrier(group)
+    if rank == 0:
+        (staging / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
+        publish_directory(staging, target)
+    dist.barrier(group)
     return target
 
 
@@ -67,8 +93,28 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 def load_state(checkpoint: Path, rank: int = 0, map_location: Any = None) -> dict[str, Any]:
-    """One rank's state dict from a checkpoint directory."""
+    """One rank's state dict from a checkpoint directory (tensors memory-mapped, read on use)."""
     f = Path(checkpoint) / state_file(rank)
     if not f.is_file():
-        raise DistrecError(f"checkpoint {str(checkpoint)!r} has no state for rank {rank}; resume with the world size it was saved with")
-    return torch.load(f, map_location=map_location, weights_only=False)
+        raise DistrecError(f"checkpoint {str(checkpoint)!r} has no state for rank {rank}; it is incomplete, resume from an earlier run directory")
+    return torch.load(f, map_location=map_location, weights_only=False, mmap=True)
+
+
+def restore_embeddings(checkpoint: Path, meta: dict[str, Any], embeddings: torch.nn.Module, optimizer: Any, rank: int) -> None:
+    """Fill the blocks ``embeddings`` holds on ``rank`` (and ``optimizer``'s row state) from a checkpoint.
+
+    Only the rank files holding overlapping blocks are read (memory-mapped). A checkpoint of
+    local embeddings gives rank r the tables of saved rank r mod (saved world size).
+    """
+    index = meta["blocks"]
+    if meta.get("embeddings") == "local":
+        sources = {rank % int(meta["world_size"])}
+    else:
+        wanted = [h.block for h in held_blocks(embeddings)]
+        sources = {
+            entry["rank"]
+            for entry in index
+            if any(w.overlap(Block(**entry["block"])) for w in wanted)
+        }
+    saved = [b for r in sorted(sources) for b in load_state(checkpoint, r)["blocks"]]
+    import_blocks(embeddings, optimizer, saved)

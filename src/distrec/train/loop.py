@@ -1,9 +1,16 @@
-"""The training loop: data -> model -> steps -> evaluations -> checkpoints -> summary."""
+"""The training loop: data -> model -> steps -> evaluations -> checkpoints -> summary.
+
+One loop for one process or many. Under ``torchrun`` (or ``distrec train --nproc-per-node``)
+every rank builds the same model from the same seed, ``distrec.parallel`` shards its
+embeddings (or keeps them local) and wraps it in DDP, and each rank trains on its slice of
+every global batch; evaluations, checkpoints and the time breakdown are collective.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -12,6 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
 from tqdm import tqdm
 
 from distrec import config as config_mod
@@ -21,21 +30,30 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
+from distrec.parallel.comm import init_from_env
+from distrec.parallel.parallelize import embedding_divergence, parallelize_model, resolve_plan
+from distrec.parallel.plan import ShardingPlan
+from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
-from distrec.train.checkpoint import find_checkpoint, load_state, read_meta, save_checkpoint
+from distrec.train.breakdown import StepTimer
+from distrec.train.checkpoint import find_checkpoint, load_state, read_meta, restore_embeddings, save_checkpoint, save_checkpoint_collectively
 from distrec.train.metrics import click_metrics
-from distrec.train.optim import make_optimizers
+from distrec.train.optim import SparseRowOptimizer, make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+BREAKDOWN_FILE = "breakdown.json"
+PLAN_FILE = "plan.json"
 
 
 def default_device() -> torch.device:
-    """The accelerator when one is present, else the host."""
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    """This process's accelerator when one is present (``cuda:LOCAL_RANK``), else the host."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -70,21 +88,18 @@ def predict(model: torch.nn.Module, batches: Iterator[Batch], device: torch.devi
 
 
 def evaluate(model: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_size: int, device: torch.device) -> dict[str, float]:
-    """Click metrics of ``model`` on the given rows of ``dataset``."""
+    """Click metrics of ``model`` on the given rows of ``dataset`` (one process)."""
     labels, probs = predict(model, dataset.batches(rows, batch_size, shuffle=False), device)
     return click_metrics(labels, probs)
-
-
-def _steps_per_epoch(num_rows: int, batch_size: int) -> int:
-    return max(1, math.ceil(num_rows / batch_size))
 
 
 def _total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     return cfg.train.max_steps if cfg.train.max_steps is not None else cfg.train.epochs * steps_per_epoch
 
 
-def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval_every: int | None) -> RunConfig:
-    """The saved config of ``run_dir`` with a raised training length."""
+def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval_every: int | None, parallel: dict[str, str] | None = None) -> RunConfig:
+    """The saved config of ``run_dir`` with a raised training length (and, to reshard, new
+    ``parallel`` fields such as ``plan`` or ``sharding``)."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise DistrecError(f"cannot resume {str(run_dir)!r}: {CONFIG_FILE} not found; pass the --out directory of an earlier run")
@@ -95,7 +110,14 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
         overrides.append(f"train.max_steps={max_steps}")
     if eval_every is not None:
         overrides.append(f"train.eval_every={eval_every}")
-    return config_mod.load(path, overrides)
+    cfg = config_mod.load(path, overrides)
+    parallel = parallel or {}
+    if "plan" in parallel or "sharding" in parallel:  # a new plan replaces the saved one
+        cfg.parallel.plan = cfg.parallel.sharding = None
+    for key, value in parallel.items():
+        setattr(cfg.parallel, key, value)
+    config_mod.validate(cfg)
+    return cfg
 
 
 class MetricsLog:
@@ -115,81 +137,186 @@ class MetricsLog:
 
 
 class Trainer:
-    """Trains one model on one process; the same object drives the distributed path."""
+    """Trains one model, on one process or as one rank of a torch.distributed group.
+
+    Args:
+        cfg: the run's configuration.
+        out: the run directory (config, metrics, summary, breakdown, plan, checkpoint).
+        progress: show a progress bar (on rank 0).
+        device: default: this rank's accelerator, else the host.
+    """
 
     def __init__(self, cfg: RunConfig, out: Path, progress: bool = True, device: torch.device | None = None) -> None:
         self.cfg = cfg
         self.out = Path(out)
-        self.show_progress = progress
         self.device = device or default_device()
+        self.rank, self.world_size = init_from_env(self.device)
+        self.distributed = self.world_size > 1
+        self.show_progress = progress and self.rank == 0
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed)
-        cache = prepare(cfg.data, progress=progress)
-        self.dataset = Dataset(cache, cfg.data)
+        self.dataset = Dataset(self._prepare_data(progress), cfg.data)
         self.splits = self.dataset.split(cfg.data.split, seed=cfg.train.seed)
         if len(self.splits["train"]) == 0:
             raise DistrecError(f"the training split is empty ({self.dataset.num_rows} rows, split {cfg.data.split!r}); use more data or a smaller holdout")
         self.tables: list[TableConfig] = self.dataset.tables(cfg.model.embedding_dim)
-        self.model = build_model(cfg.model, self.dataset.num_dense, self.tables, device=self.device)
+        self.timer = StepTimer(self.device)
+        self.plan: ShardingPlan | None = None
+        # built on the host so that every rank draws the same initial weights in any setup
+        model = build_model(cfg.model, self.dataset.num_dense, self.tables, device="cpu")
+        if self.distributed:
+            if cfg.parallel.embeddings == "sharded":
+                self.plan = resolve_plan(self.tables, cfg.parallel, self.world_size)
+            self.module = parallelize_model(model, self.tables, cfg.parallel.embeddings, self.plan, self.device)
+            self.model = self.module.module
+            self.timer.watch_ddp(self.module)
+        else:
+            self.module = self.model = model.to(self.device)
+        self.timer.watch_embeddings(self.model.embeddings)
         t = cfg.train
         self.optimizers = make_optimizers(self.model, t.optimizer, t.lr, embedding_name=t.embedding_optimizer, embedding_lr=t.embedding_lr)
-        self.steps_per_epoch = _steps_per_epoch(len(self.splits["train"]), t.batch_size)
+        self.steps_per_epoch = max(1, math.ceil(len(self.splits["train"]) / t.batch_size))
         self.total_steps = _total_steps(cfg, self.steps_per_epoch)
         self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.total_steps)
-        self.step_fn = TrainStep(self.model, self.optimizers, self.schedulers)
+        replicas = getattr(self.model.embeddings, "replicas", None)
+        sync = self.model.embeddings.sync_replica_grads if replicas is not None and len(replicas) else None
+        self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
         self.progress = Progress()
 
+    @property
+    def embedding_mode(self) -> str:
+        """``single`` (one process), ``sharded`` or ``local``."""
+        return self.cfg.parallel.embeddings if self.distributed else "single"
+
+    def _prepare_data(self, progress: bool) -> Path:
+        """Parse the data into the cache once per host (local rank 0 first, then the others read it)."""
+        first_on_host = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        if self.distributed and not first_on_host:
+            dist.barrier()
+        cache = prepare(self.cfg.data, progress=progress and self.rank == 0)
+        if self.distributed and first_on_host:
+            dist.barrier()
+        return cache
+
     # --- state ---------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def _sparse_optimizer(self) -> Optimizer | None:
+        return next((o for o in self.optimizers if isinstance(o, SparseRowOptimizer)), None)
+
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's part of a checkpoint: dense weights and optimizer, embedding blocks, progress, RNG."""
+        sparse = self._sparse_optimizer()
         return {
-            "model": self.model.state_dict(),
-            "optimizers": [o.state_dict() for o in self.optimizers],
+            "dense": {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.")},
+            "dense_optimizers": [o.state_dict() for o in self.optimizers if o is not sparse],
+            "sparse_groups": [{k: v for k, v in g.items() if k != "params"} for g in sparse.param_groups] if sparse else [],
+            "blocks": export_blocks(self.model.embeddings, sparse, include_replicas=self.rank == 0),
             "schedulers": [s.state_dict() for s in self.schedulers],
             "progress": vars(self.progress).copy(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        for o, s in zip(self.optimizers, state["optimizers"]):
+    def load(self, checkpoint: Path) -> None:
+        """Continue from ``checkpoint``, saved with this world size and plan or any other (resharding)."""
+        meta = read_meta(checkpoint)
+        saved_world = int(meta.get("world_size", 1))
+        own = load_state(checkpoint, self.rank if self.rank < saved_world else 0, map_location=self.device)
+        missing, unexpected = self.model.load_state_dict(own["dense"], strict=False)
+        if unexpected or any(not k.startswith("embeddings.") for k in missing):
+            raise DistrecError(f"checkpoint {str(checkpoint)!r} holds a different model; resume it with the config it was saved with")
+        sparse = self._sparse_optimizer()
+        restore_embeddings(checkpoint, meta, self.model.embeddings, sparse, self.rank)
+        dense_optimizers = [o for o in self.optimizers if o is not sparse]
+        for o, s in zip(dense_optimizers, own["dense_optimizers"]):
             o.load_state_dict(s)
-        for sch, s in zip(self.schedulers, state["schedulers"]):
+        if sparse is not None:
+            for group, saved in zip(sparse.param_groups, own["sparse_groups"]):
+                group.update(saved)
+        for sch, s in zip(self.schedulers, own["schedulers"]):
             sch.load_state_dict(s)
-        self.progress = Progress(**state["progress"])
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
+        self.progress = Progress(**own["progress"])
+        torch.set_rng_state(own["rng"]["torch"])
+        np.random.set_state(own["rng"]["numpy"])
+        random.setstate(own["rng"]["python"])
 
-    def checkpoint_meta(self) -> dict[str, Any]:
+    def checkpoint_meta(self, blocks_by_rank: list[list[dict]]) -> dict[str, Any]:
         return {
             "step": self.progress.step,
             "num_dense": self.dataset.num_dense,
             "tables": [t.to_dict() for t in self.tables],
             "config": config_mod.to_dict(self.cfg),
+            "world_size": self.world_size,
+            "embeddings": self.embedding_mode,
+            "plan": self.plan.to_dict() if self.plan is not None else None,
+            "blocks": [{"rank": r, "block": b} for r, blocks in enumerate(blocks_by_rank) for b in blocks],
         }
 
     def save(self) -> None:
-        save_checkpoint(self.out, {0: self.state_dict()}, self.checkpoint_meta())
+        """Write a checkpoint (collectively when distributed)."""
+        state = self.rank_state()
+        index = [b["block"] for b in state["blocks"]]
+        if not self.distributed:
+            save_checkpoint(self.out, {0: state}, self.checkpoint_meta([index]))
+            return
+        all_index: list[list[dict]] = [None] * self.world_size  # type: ignore[list-item]
+        dist.all_gather_object(all_index, index)
+        save_checkpoint_collectively(self.out, state, self.checkpoint_meta(all_index))
 
-    # --- loop ----------------------------------------------------------------------------
-    def _evaluate_and_log(self, log: MetricsLog, split: str = "val") -> dict[str, float]:
+    # --- evaluation ----------------------------------------------------------------------
+    def evaluate_split(self, split: str) -> dict[str, float]:
+        """Click metrics on a split, every rank predicting its slice of each batch (collective)."""
         rows = self.splits.get(split)
         if rows is None or len(rows) == 0:
             return {}
-        result = evaluate(self.model, self.dataset, rows, self.cfg.train.eval_batch_size, self.device)
-        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": split, **result})
+        batches = self.dataset.batches(rows, self.cfg.train.eval_batch_size, shuffle=False, shard=(self.rank, self.world_size))
+        labels, probs = predict(self.module, batches, self.device)
+        if self.distributed:
+            parts: list[tuple[np.ndarray, np.ndarray]] = [None] * self.world_size  # type: ignore[list-item]
+            dist.all_gather_object(parts, (labels, probs))
+            labels, probs = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        result = click_metrics(labels, probs)
+        if self.embedding_mode == "local":
+            result["embedding_divergence"] = embedding_divergence(self.model.embeddings)
         return result
 
-    def fit(self, resume: bool = False) -> dict[str, Any]:
-        """Train to the configured length; write metrics, checkpoint and summary into ``out``."""
-        self.out.mkdir(parents=True, exist_ok=True)
+    def _evaluate_and_log(self, log: MetricsLog | None, split: str = "val") -> dict[str, float]:
+        result = self.evaluate_split(split)
+        if result and log is not None:
+            log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": split, **result})
+        return result
+
+    def _timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """``batches`` on this rank's device, the wait for each charged to ``data_loading``."""
+        while True:
+            with self.timer.phase("data_loading"):
+                batch = next(batches, None)
+                if batch is not None:
+                    batch = batch.to(self.device, non_blocking=True)
+            if batch is None:
+                return
+            yield batch
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> float:
+        if self.distributed:
+            value = value.clone()
+            dist.all_reduce(value)
+            value /= self.world_size
+        return float(value)
+
+    # --- loop ----------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> dict[str, Any] | None:
+        """Train to the configured length; write metrics, checkpoint, breakdown and summary
+        into ``out``. Returns the summary on rank 0 (None on the other ranks)."""
+        main = self.rank == 0
+        if main:
+            self.out.mkdir(parents=True, exist_ok=True)
         if resume:
-            ckpt = find_checkpoint(self.out)
-            read_meta(ckpt)
-            self.load_state_dict(load_state(ckpt, 0, map_location=self.device))
-        config_mod.save(self.cfg, self.out / "config.yaml")
-        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None)
+            self.load(find_checkpoint(self.out))
+        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
+        if main:
+            config_mod.save(self.cfg, self.out / CONFIG_FILE)
+            if self.plan is not None:
+                self.plan.save(self.out / PLAN_FILE)
         t = self.cfg.train
         start_step = self.progress.step
         bar = tqdm(total=self.total_steps, initial=start_step, unit="step", disable=not self.show_progress, dynamic_ncols=True)
@@ -198,16 +325,22 @@ class Trainer:
         train_rows = self.splits["train"]
         while self.progress.step < self.total_steps:
             batches = self.dataset.batches(
-                train_rows, t.batch_size, shuffle=True, seed=t.seed, epoch=self.progress.epoch, start_step=self.progress.step_in_epoch
+                train_rows, t.batch_size, shuffle=True, seed=t.seed, epoch=self.progress.epoch,
+                start_step=self.progress.step_in_epoch, shard=(self.rank, self.world_size),
             )
-            for batch in batches:
-                loss = self.step_fn(batch.to(self.device, non_blocking=True))
+            for batch in self._timed(batches):
+                global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
+                loss = self.step_fn(batch, normalizer=global_size / self.world_size)
+                self.timer.end_step()
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
                 bar.update(1)
-                if self.progress.step % 50 == 0:
+                if t.log_every and self.progress.step % t.log_every == 0:
+                    mean_loss = self._mean_over_ranks(loss)
                     elapsed = time.perf_counter() - started
-                    bar.set_postfix(loss=f"{float(loss):.4f}", samples_s=f"{(self.progress.step - start_step) * t.batch_size / elapsed:,.0f}")
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{(self.progress.step - start_step) * t.batch_size / elapsed:,.0f}")
+                    if log is not None:
+                        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": "train", "loss": mean_loss})
                 if t.eval_every and self.progress.step % t.eval_every == 0 and self.progress.step < self.total_steps:
                     last_val = self._evaluate_and_log(log)
                 if t.checkpoint_every and self.progress.step % t.checkpoint_every == 0:
@@ -223,6 +356,9 @@ class Trainer:
         last_val = self._evaluate_and_log(log) or last_val
         test = self._evaluate_and_log(log, "test")
         self.save()
+        if not main:
+            return None
+        self.timer.write(self.out / BREAKDOWN_FILE, **self._breakdown_extra())
         summary = {
             **{k: last_val.get(k, math.nan) for k in ("auc", "logloss", "accuracy", "ne")},
             "steps": self.progress.step,
@@ -230,22 +366,47 @@ class Trainer:
             "samples_per_s": trained * t.batch_size / elapsed if elapsed > 0 and trained else 0.0,
             "train_rows": int(len(train_rows)),
             "val_rows": int(last_val.get("rows", 0)),
+            "world_size": self.world_size,
+            "embeddings": self.embedding_mode,
         }
+        if "embedding_divergence" in last_val:
+            summary["embedding_divergence"] = last_val["embedding_divergence"]
         if test:
             summary["test"] = test
         atomic_write_json(self.out / SUMMARY_FILE, summary)
         return summary
 
+    def _breakdown_extra(self) -> dict[str, Any]:
+        """What the breakdown describes, and bytes sent per step by this rank's collectives."""
+        stats = getattr(self.model.embeddings, "stats", None)
+        dense_bytes = sum(p.numel() * p.element_size() for p in self.model.dense_parameters())
+        label = f"{self.world_size}p {self.embedding_mode}"
+        if self.plan is not None:
+            label += " " + "+".join(sorted({p.sharding for p in self.plan.tables}))
+        return {
+            "label": label,
+            "world_size": self.world_size,
+            "embeddings": self.embedding_mode,
+            "batch_size": self.cfg.train.batch_size,
+            "bytes_per_step": {
+                "input_all_to_all": stats.input_bytes if stats else 0,
+                "output_all_to_all": stats.output_bytes if stats else 0,
+                "gradient_all_reduce": dense_bytes if self.distributed else 0,
+            },
+        }
 
-def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train ``cfg`` into ``out`` (continuing its checkpoint when ``resume``); returns the summary."""
+
+def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
+    """Train ``cfg`` into ``out`` (continuing its checkpoint when ``resume``); the summary on rank 0."""
     return Trainer(cfg, out, progress=progress).fit(resume=resume)
 
 
 def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> tuple[torch.nn.Module, RunConfig, list[TableConfig], dict[str, Any]]:
-    """The model saved in a run (or its ``checkpoint/`` folder), on ``device``.
+    """The model saved in a run (or its ``checkpoint/`` folder) in one process, on ``device``.
 
-    Returns (model, the run's config, its tables as trained, the checkpoint's metadata).
+    A checkpoint of a distributed run is gathered from all its ranks' shards (for a run with
+    local embeddings, rank 0's tables are taken). Returns (model, the run's config, its
+    tables as trained, the checkpoint's metadata).
     """
     ckpt = find_checkpoint(checkpoint)
     meta = read_meta(ckpt)
@@ -253,7 +414,8 @@ def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> 
     device = device or default_device()
     tables = [TableConfig.from_dict(t) for t in meta["tables"]]
     model = build_model(cfg.model, meta["num_dense"], tables, device=device)
-    model.load_state_dict(load_state(ckpt, 0, map_location=device)["model"])
+    model.load_state_dict(load_state(ckpt, 0, map_location=device)["dense"], strict=False)
+    restore_embeddings(ckpt, meta, model.embeddings, None, rank=0)
     return model, cfg, tables, meta
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from distrec.data.batch import Batch
+from distrec.train.breakdown import StepTimer
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -57,6 +60,10 @@ class TrainStep:
         schedulers: stepped after the optimizers by ``apply``.
         reuse_host_memory: when the model has CPU parameters, call
             ``reuse_freed_host_memory()`` (a process-wide malloc setting).
+        timer: charges each part of the step to a component (``forward``, ``loss``,
+            ``backward``, ``gradient_all_reduce``, ``optimizer``); None times nothing.
+        sync_gradients: called between backward and the optimizers (e.g. to all-reduce
+            the gradients of replicated tables), timed as ``gradient_all_reduce``.
 
     Example:
         >>> train_step = TrainStep(model, make_optimizers(model, "sgd", 0.1))
@@ -71,41 +78,55 @@ class TrainStep:
         optimizers: list[Optimizer],
         schedulers: list[LRScheduler] | tuple = (),
         reuse_host_memory: bool = True,
+        timer: StepTimer | None = None,
+        sync_gradients: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.optimizers = list(optimizers)
         self.schedulers = list(schedulers)
+        self.timer = timer
+        self.sync_gradients = sync_gradients
         if reuse_host_memory and any(p.device.type == "cpu" for p in model.parameters()):
             reuse_freed_host_memory()
 
+    def _phase(self, name: str) -> AbstractContextManager:
+        return self.timer.phase(name) if self.timer is not None else nullcontext()
+
     def loss(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """Binary cross-entropy of the batch's logits: the mean, or the sum / ``normalizer``."""
-        logits = self.model(batch)
-        if normalizer is None:
-            return F.binary_cross_entropy_with_logits(logits, batch.labels)
-        return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / normalizer
+        with self._phase("forward"):
+            logits = self.model(batch)
+        with self._phase("loss"):
+            if normalizer is None:
+                return F.binary_cross_entropy_with_logits(logits, batch.labels)
+            return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / normalizer
 
     def backward(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """Add the gradients of ``loss(batch, normalizer)`` to the parameters; the loss, detached."""
         loss = self.loss(batch, normalizer)
-        loss.backward()
+        with self._phase("backward"):
+            loss.backward()
         return loss.detach()
 
     def apply(self) -> None:
-        """Step every optimizer, then every scheduler, then clear the gradients."""
-        for opt in self.optimizers:
-            opt.step()
-        for scheduler in self.schedulers:
-            scheduler.step()
-        self.zero_grad()
+        """Synchronise gradients if asked, step every optimizer, then every scheduler, then clear the gradients."""
+        if self.sync_gradients is not None:
+            with self._phase("gradient_all_reduce"):
+                self.sync_gradients()
+        with self._phase("optimizer"):
+            for opt in self.optimizers:
+                opt.step()
+            for scheduler in self.schedulers:
+                scheduler.step()
+            self.zero_grad()
 
     def zero_grad(self) -> None:
         """Drop all gradients (set to None, so the next backward writes them without a zero fill)."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
-    def __call__(self, batch: Batch) -> torch.Tensor:
-        """One full training step on ``batch``; returns the mean loss, detached."""
-        loss = self.backward(batch)
+    def __call__(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
+        """One full training step on ``batch``; returns the loss (see ``loss``), detached."""
+        loss = self.backward(batch, normalizer)
         self.apply()
         return loss
