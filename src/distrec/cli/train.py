@@ -81,8 +81,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed") if getattr(args, f, None) is not None]
         if given or args.overrides or (args.out and Path(args.out) != Path(args.resume)):
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
-            raise DistrecError(f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs and --eval-every")
-        cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every)
+            raise DistrecError(
+                f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every "
+                "and, to reshard, --nproc-per-node, --plan, --sharding and --memory-per-rank"
+            )
+        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank") if getattr(args, k) is not None}
+        cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
     else:
         cfg = config_from_args(args)
