@@ -46,15 +46,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(handler=run)
 
 
-def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
-    """Re-run this command in ``--nproc-per-node`` workers under torch's elastic launcher."""
-    from torch.distributed import run as torchrun
+def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int:
+    """Re-run this command in ``--nproc-per-node`` workers under torch's elastic launcher.
 
-    if args.nproc_per_node < 1:
-        raise DistrecError(f"--nproc-per-node is {args.nproc_per_node}; it must be at least 1")
+    Each worker gets ``OMP_NUM_THREADS`` = cores / workers unless it is set. A worker that
+    fails prints its own one-line error; the launcher's report becomes one line here.
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     worker_argv = []
     skip = False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue
@@ -65,17 +68,22 @@ def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
             continue
         worker_argv.append(a)
     if args.resume is None and args.out is None:
-        worker_argv += ["--out", str(_default_out())]  # one run directory for all workers
+        worker_argv += ["--out", str(out)]  # one run directory for all workers
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc_per_node)))
     launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
-    torchrun.main(launcher + ["-m", "distrec", *worker_argv])
+    try:
+        torchrun.main(launcher + ["-m", "distrec", *worker_argv])
+    except ChildFailedError as e:
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        raise DistrecError(
+            f"{len(e.failures)} of {args.nproc_per_node} workers failed (exit code {', '.join(map(str, codes))}) "
+            f"after {args.max_restarts} restart(s); see their messages above, fix the cause and rerun (or add --resume {out})"
+        ) from None
     return 0
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.train.loop import resume_config, train
-
-    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
-        return _launch_workers(args, argv)
+    from distrec.train.loop import check_run, resume_config, train
 
     if args.resume:
         given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed") if getattr(args, f, None) is not None]
@@ -91,6 +99,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         cfg = config_from_args(args)
         out = Path(args.out) if args.out else _default_out()
+    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+        if args.nproc_per_node < 1:
+            raise DistrecError(f"--nproc-per-node is {args.nproc_per_node}; it must be at least 1")
+        check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
+        return _launch_workers(args, argv, out)
     resume = bool(args.resume) or _restarted_with_checkpoint(out)
     summary = train(cfg, out, resume=resume, progress=not args.no_progress)
     if summary is not None:

@@ -120,6 +120,14 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
     return cfg
 
 
+def split_rows(dataset: Dataset, cfg: RunConfig) -> dict[str, np.ndarray]:
+    """The run's train/val/test rows of ``dataset``; DistrecError when the training split is empty."""
+    splits = dataset.split(cfg.data.split, seed=cfg.train.seed)
+    if len(splits["train"]) == 0:
+        raise DistrecError(f"the training split is empty ({dataset.num_rows} rows, split {cfg.data.split!r}); use more data or a smaller holdout")
+    return splits
+
+
 class MetricsLog:
     """Append-only metrics.jsonl; on resume, entries written after the checkpoint are dropped."""
 
@@ -157,9 +165,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed)
         self.dataset = Dataset(self._prepare_data(progress), cfg.data)
-        self.splits = self.dataset.split(cfg.data.split, seed=cfg.train.seed)
-        if len(self.splits["train"]) == 0:
-            raise DistrecError(f"the training split is empty ({self.dataset.num_rows} rows, split {cfg.data.split!r}); use more data or a smaller holdout")
+        self.splits = split_rows(self.dataset, cfg)
         self.tables: list[TableConfig] = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.plan: ShardingPlan | None = None
@@ -191,7 +197,7 @@ class Trainer:
 
     def _prepare_data(self, progress: bool) -> Path:
         """Parse the data into the cache once per host (local rank 0 first, then the others read it)."""
-        first_on_host = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        first_on_host = int(os.environ.get("LOCAL_RANK", self.rank)) == 0
         if self.distributed and not first_on_host:
             dist.barrier()
         cache = prepare(self.cfg.data, progress=progress and self.rank == 0)
@@ -394,6 +400,18 @@ class Trainer:
                 "gradient_all_reduce": dense_bytes if self.distributed else 0,
             },
         }
+
+
+def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
+    """Fail early, before workers start: parse the data into the cache and check the sharding plan.
+
+    Raises DistrecError for anything a worker would reject (bad data, empty split, a plan
+    that does not fit the tables, the world size or the memory limit).
+    """
+    dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
+    split_rows(dataset, cfg)
+    if world_size > 1 and cfg.parallel.embeddings == "sharded":
+        resolve_plan(dataset.tables(cfg.model.embedding_dim), cfg.parallel, world_size)
 
 
 def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
