@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -119,3 +120,25 @@ def test_table_lists_every_scale_and_hardware():
     expected = [["V100", "16"], ["V100", "512"], ["H100", "16"], ["H100", "512"]]
     assert [line.split()[:2] for line in lines[1:]] == expected
     assert lines[4].split()[3] == f"{rows[3]['speedup_dmt']:.2f}"
+
+
+def test_simulate_command_prints_a_table_then_json(capsys, tmp_path):
+    from distrec.cli import main
+
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--hardware", "A100", "H100", "--gpus", "16", "128", "512", "-o", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = json.loads(lines[-1])
+    assert lines[0].split()[:3] == ["hardware", "gpus", "hosts"] and len(lines) == 1 + 6 + 1
+    assert [(r["hardware"], r["gpus"]) for r in rows] == [(h, g) for h in ("A100", "H100") for g in (16, 128, 512)]
+    assert json.loads(out.read_text())["rows"] == rows
+    for hw in ("A100", "H100"):
+        dmt = [r["speedup_dmt"] for r in rows if r["hardware"] == hw]
+        assert dmt == sorted(dmt) and dmt[0] > 1
+
+
+def test_simulate_command_errors(capsys):
+    from distrec.cli import main
+
+    assert main(["simulate", "--gpus", "12"]) == 2
+    assert "distrec: error: 12 GPUs do not fill hosts of 8" in capsys.readouterr().err
