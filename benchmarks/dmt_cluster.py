@@ -67,6 +67,7 @@ class EmulatedHosts:
         self.outer = [f"dmo{tag}_{h}" for h in range(hosts)]  # root side of each veth
         self.inner = [f"dmi{tag}_{h}" for h in range(hosts)]  # namespace side
         self.created: list[list[str]] = []  # undo commands, run in reverse
+        self.delay_emulated = True  # False when the kernel has no netem
 
     def address(self, host: int) -> str:
         return SUBNET.format(net=self.net, host=host + 1)
@@ -99,7 +100,12 @@ class EmulatedHosts:
     def _shape(self, prefix: list[str], dev: str) -> None:
         run = lambda *a: _check_call([*prefix, "tc", "qdisc", "add", "dev", dev, *a])  # noqa: E731
         run("root", "handle", "1:", "tbf", "rate", self.bandwidth, "burst", "256kb", "latency", "100ms")
-        run("parent", "1:1", "handle", "10:", "netem", "delay", f"{self.latency_ms / 2}ms", "limit", "100000")
+        if self.delay_emulated and self.latency_ms > 0:
+            try:
+                run("parent", "1:1", "handle", "10:", "netem", "delay", f"{self.latency_ms / 2}ms", "limit", "100000")
+            except RuntimeError as e:  # kernels without sch_netem: bandwidth only
+                print(f"dmt_cluster: no added delay ({e})", file=sys.stderr)
+                self.delay_emulated = False
 
     def _ip(self, *args: str) -> None:
         _check_call(["ip", *args])
@@ -130,6 +136,7 @@ def launch(args: argparse.Namespace) -> dict:
     hosts = EmulatedHosts(args.hosts, args.bandwidth, args.latency_ms) if not args.no_netns else contextlib.nullcontext()
     procs: list[subprocess.Popen] = []
     with hosts:
+        args.latency_emulated = (not args.no_netns) and hosts.delay_emulated
         for rank in range(world):
             host = rank // args.ranks_per_host
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=str(port),
@@ -168,7 +175,7 @@ def _forward(args: argparse.Namespace) -> list[str]:
     """The command-line options a worker needs, as given to the launcher."""
     flags = []
     for key, value in vars(args).items():
-        if key in ("worker",) or value is None or value is False:
+        if key in ("worker", "latency_emulated") or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -427,6 +434,7 @@ def summarize(raw: dict, args: argparse.Namespace) -> dict:
         "netns": not args.no_netns,
         "bandwidth": args.bandwidth,
         "latency_ms": args.latency_ms,
+        "latency_emulated": args.latency_emulated,
         "global_batch": args.global_batch,
         "features": args.features,
         "dim": args.dim,
