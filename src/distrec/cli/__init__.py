@@ -16,7 +16,7 @@ from distrec import __version__
 from distrec.errors import DistrecError
 
 # module names under distrec.cli, in the order ``distrec --help`` lists them
-COMMANDS = ["train", "evaluate", "data", "report", "plan", "partition", "simulate"]
+COMMANDS = ["train", "evaluate", "data", "report", "plan", "partition", "simulate", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

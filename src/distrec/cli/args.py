@@ -47,6 +47,10 @@ CONFIG_FIELDS = {
     "sharding": "parallel.sharding",
     "embeddings": "parallel.embeddings",
     "memory_per_rank": "parallel.memory_per_rank",
+    "hotline": "hotline.enabled",
+    "hot_budget": "hotline.hot_budget",
+    "sample_rate": "hotline.sample_rate",
+    "relearn_every": "hotline.relearn_every",
 }
 
 

@@ -18,6 +18,7 @@ examples:
   distrec train --data-format movielens --data ../shared/data/movielens --epochs 3 --out runs/ml
   distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
+  distrec train --hotline --hot-budget 64MB --sample-rate 0.05 --relearn-every 200 --out runs/hot
 """
 
 
@@ -43,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning")
     dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
     dist_args.add_argument("--memory-per-rank", metavar="SIZE", help="table memory limit per rank for the default planner, e.g. 4GB")
+    hot = train.add_argument_group("Hotline (one process): hot rows in a fast tier, the rest in a slow tier (on CPU a file on disk)")
+    hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's two tiers and micro-batch pipeline")
+    hot.add_argument("--hot-budget", metavar="SIZE", help="fast-tier bytes for hot rows, e.g. 512MB (default 512MB)")
+    hot.add_argument("--sample-rate", type=float, metavar="X", help="fraction of mini-batches the access logger counts (default 0.05)")
+    hot.add_argument("--relearn-every", type=int, metavar="N", help="re-select the hot set every N mini-batches (default 1000)")
     train.set_defaults(handler=run)
 
 

@@ -144,15 +144,19 @@ def is_popular(batch: Batch, hot: torch.Tensor) -> torch.Tensor:
         hot: bool [nnz], whether each index of ``batch.sparse_values`` is a hot row
             (``find_sorted(hot_ids, RowSpace.batch_ids(batch))[0]``).
     """
-    b = batch.batch_size
-    if b == 0:
-        return torch.zeros(0, dtype=torch.bool, device=hot.device)
-    bag_lengths = torch.diff(batch.sparse_offsets)
-    sample_of = torch.arange(bag_lengths.numel(), device=hot.device).remainder_(b)
-    sample_of = torch.repeat_interleave(sample_of, bag_lengths, output_size=hot.numel())
-    popular = torch.ones(b, dtype=torch.bool, device=hot.device)
-    popular[sample_of[~hot]] = False
+    popular = torch.ones(batch.batch_size, dtype=torch.bool, device=hot.device)
+    popular[sample_of_lookups(batch)[~hot]] = False
     return popular
+
+
+def sample_of_lookups(batch: Batch) -> torch.Tensor:
+    """int64 [nnz]: the sample (0..B-1) of every index of ``batch.sparse_values``."""
+    offsets = batch.sparse_offsets
+    if batch.batch_size == 0:
+        return offsets.new_empty(0)
+    bag_lengths = torch.diff(offsets)
+    sample_of = torch.arange(bag_lengths.numel(), device=offsets.device).remainder_(batch.batch_size)
+    return torch.repeat_interleave(sample_of, bag_lengths, output_size=batch.sparse_values.numel())
 
 
 def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, Batch]:

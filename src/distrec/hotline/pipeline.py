@@ -96,11 +96,12 @@ class HotlinePipeline:
         self._sampled_at_relearn = logger.sampled_batches
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WORKER_NAME)
 
-    def run(self, batch: Batch, backward: Backward) -> torch.Tensor:
-        """Forward and backward one mini-batch as two micro-batches; the mean loss, detached.
+    def run(self, batch: Batch, backward: Backward, normalizer: float | None = None) -> torch.Tensor:
+        """Forward and backward one mini-batch as two micro-batches; the loss, detached.
 
         ``backward(micro_batch, normalizer)`` must add the gradients of the micro-batch's
-        summed loss divided by ``normalizer`` (the mini-batch size) and return that loss.
+        summed loss divided by ``normalizer`` (default: the mini-batch size, so the loss is
+        the mini-batch's mean) and return that loss.
         On any error the worker is waited for and the looked-up rows' gradients dropped.
         """
         if self.relearn_every and self.stats.steps and self.stats.steps % self.relearn_every == 0:
@@ -121,11 +122,11 @@ class HotlinePipeline:
                 prefetch = self._worker.submit(self.embeddings.lookup, other)
             loss = torch.zeros((), device=batch.labels.device)
             if popular is not None:
-                loss += backward(popular, size)
+                loss += backward(popular, normalizer or size)
             if other is not None:
                 lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other)
                 with self.embeddings.prefetched(lookup):
-                    loss += backward(other, size)
+                    loss += backward(other, normalizer or size)
         except BaseException:
             if prefetch is not None:
                 prefetch.cancel()

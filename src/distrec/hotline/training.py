@@ -37,6 +37,7 @@ from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
 from distrec.io import atomic_path
 from distrec.tables import TableConfig
+from distrec.train.breakdown import StepTimer
 from distrec.train.optim import make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
@@ -70,6 +71,7 @@ class HotlineTraining:
             their rows are then initialised tier by tier with DLRM's uniform initialisation
             (seeded by ``cfg.train.seed``) instead of copied from the model.
         progress: show progress bars while initialising, saving and loading rows.
+        timer: charges the parts of each step to components (see ``TrainStep``).
 
     Example:
         >>> model = build_model(cfg.model, 13, tables)
@@ -87,6 +89,7 @@ class HotlineTraining:
         run_dir: str | Path,
         tables: list[TableConfig] | None = None,
         progress: bool = False,
+        timer: StepTimer | None = None,
     ) -> None:
         t, h = cfg.train, cfg.hotline
         self.model = model
@@ -104,7 +107,7 @@ class HotlineTraining:
             embedding_lr = t.embedding_lr if t.embedding_lr is not None else t.lr
             self.optimizers = [*make_optimizers(model, t.optimizer, t.lr), TieredRowOptimizer(self.embeddings, lr=embedding_lr)]
             self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
-            self.train_step = TrainStep(model, self.optimizers, self.schedulers)
+            self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer)
             self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
             total_rows = self.embeddings.space.total_rows
             hot_rows = min(self.budget_bytes // self.embeddings.hot_row_bytes, total_rows)
@@ -115,13 +118,14 @@ class HotlineTraining:
             self.embeddings.close()
             raise
 
-    def step(self, batch: Batch) -> torch.Tensor:
-        """One training step on ``batch``; the mean loss, detached (as ``TrainStep.__call__``).
+    def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
+        """One training step on ``batch``; the loss, detached (as ``TrainStep.__call__``): the
+        mean, or the sum over the samples / ``normalizer``.
 
         On an error no gradient of the failed step survives, dense or embedding.
         """
         try:
-            loss = self.pipeline.run(batch, self.train_step.backward)
+            loss = self.pipeline.run(batch, self.train_step.backward, normalizer)
         except BaseException:
             self.train_step.zero_grad()
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -28,12 +28,20 @@ def state_file(rank: int = 0) -> str:
     return f"state-rank{rank}.pt"
 
 
-def save_checkpoint(run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any]) -> Path:
-    """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/checkpoint."""
+def save_checkpoint(
+    run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None
+) -> Path:
+    """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/checkpoint.
+
+    ``write_files(directory)``, when given, adds files too large for a state dict (Hotline's
+    tables) to the checkpoint directory while it is being built.
+    """
     target = Path(run_dir) / CHECKPOINT_DIR
     with atomic_directory(target) as tmp:
         for rank, state in states.items():
             torch.save(state, tmp / state_file(rank))
+        if write_files is not None:
+            write_files(tmp)
         (tmp / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
     return target
 

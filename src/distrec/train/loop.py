@@ -28,6 +28,7 @@ from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.hotline.training import HotlineTraining, stand_in_tables
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.parallel.comm import init_from_env
@@ -169,8 +170,12 @@ class Trainer:
         self.tables: list[TableConfig] = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.plan: ShardingPlan | None = None
-        # built on the host so that every rank draws the same initial weights in any setup
-        model = build_model(cfg.model, self.dataset.num_dense, self.tables, device="cpu")
+        self.hotline: HotlineTraining | None = None
+        if cfg.hotline.enabled and self.distributed:
+            raise DistrecError("distributed Hotline is not supported yet; train with --hotline in one process (without --nproc-per-node)")
+        # built on the host so that every rank draws the same initial weights in any setup;
+        # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
+        model = build_model(cfg.model, self.dataset.num_dense, stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables, device="cpu")
         if self.distributed:
             if cfg.parallel.embeddings == "sharded":
                 self.plan = resolve_plan(self.tables, cfg.parallel, self.world_size)
@@ -179,16 +184,25 @@ class Trainer:
             self.timer.watch_ddp(self.module)
         else:
             self.module = self.model = model.to(self.device)
-        self.timer.watch_embeddings(self.model.embeddings)
         t = cfg.train
-        self.optimizers = make_optimizers(self.model, t.optimizer, t.lr, embedding_name=t.embedding_optimizer, embedding_lr=t.embedding_lr)
         self.steps_per_epoch = max(1, math.ceil(len(self.splits["train"]) / t.batch_size))
         self.total_steps = _total_steps(cfg, self.steps_per_epoch)
-        self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.total_steps)
-        replicas = getattr(self.model.embeddings, "replicas", None)
-        sync = self.model.embeddings.sync_replica_grads if replicas is not None and len(replicas) else None
-        self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
+        if cfg.hotline.enabled:
+            self.hotline = HotlineTraining(self.model, cfg, self.total_steps, self.out, self.tables, self.show_progress, self.timer)
+            self.optimizers, self.schedulers, self.step_fn = self.hotline.optimizers, self.hotline.schedulers, self.hotline
+        else:
+            self.optimizers = make_optimizers(self.model, t.optimizer, t.lr, embedding_name=t.embedding_optimizer, embedding_lr=t.embedding_lr)
+            self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.total_steps)
+            replicas = getattr(self.model.embeddings, "replicas", None)
+            sync = self.model.embeddings.sync_replica_grads if replicas is not None and len(replicas) else None
+            self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
+        self.timer.watch_embeddings(self.model.embeddings)
         self.progress = Progress()
+
+    def close(self) -> None:
+        """Release what outlives a step: Hotline's prefetch worker and tiers."""
+        if self.hotline is not None:
+            self.hotline.close()
 
     @property
     def embedding_mode(self) -> str:
@@ -211,6 +225,12 @@ class Trainer:
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's part of a checkpoint: dense weights and optimizer, embedding blocks, progress, RNG."""
+        position = {
+            "progress": vars(self.progress).copy(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+        if self.hotline is not None:  # its tables are files beside this state (see save)
+            return {"hotline": self.hotline.state_dict(), "blocks": [], **position}
         sparse = self._sparse_optimizer()
         return {
             "dense": {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.")},
@@ -218,8 +238,7 @@ class Trainer:
             "sparse_groups": [{k: v for k, v in g.items() if k != "params"} for g in sparse.param_groups] if sparse else [],
             "blocks": export_blocks(self.model.embeddings, sparse, include_replicas=self.rank == 0),
             "schedulers": [s.state_dict() for s in self.schedulers],
-            "progress": vars(self.progress).copy(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            **position,
         }
 
     def load(self, checkpoint: Path) -> None:
@@ -227,19 +246,25 @@ class Trainer:
         meta = read_meta(checkpoint)
         saved_world = int(meta.get("world_size", 1))
         own = load_state(checkpoint, self.rank if self.rank < saved_world else 0, map_location=self.device)
-        missing, unexpected = self.model.load_state_dict(own["dense"], strict=False)
-        if unexpected or any(not k.startswith("embeddings.") for k in missing):
-            raise DistrecError(f"checkpoint {str(checkpoint)!r} holds a different model; resume it with the config it was saved with")
-        sparse = self._sparse_optimizer()
-        restore_embeddings(checkpoint, meta, self.model.embeddings, sparse, self.rank)
-        dense_optimizers = [o for o in self.optimizers if o is not sparse]
-        for o, s in zip(dense_optimizers, own["dense_optimizers"]):
-            o.load_state_dict(s)
-        if sparse is not None:
-            for group, saved in zip(sparse.param_groups, own["sparse_groups"]):
-                group.update(saved)
-        for sch, s in zip(self.schedulers, own["schedulers"]):
-            sch.load_state_dict(s)
+        if ("hotline" in own) != (self.hotline is not None):
+            raise DistrecError(f"checkpoint {str(checkpoint)!r} was {'' if 'hotline' in own else 'not '}trained with Hotline; resume it with the config it was saved with")
+        if self.hotline is not None:
+            self.hotline.load_state_dict(own["hotline"])
+            self.hotline.load(checkpoint)
+        else:
+            missing, unexpected = self.model.load_state_dict(own["dense"], strict=False)
+            if unexpected or any(not k.startswith("embeddings.") for k in missing):
+                raise DistrecError(f"checkpoint {str(checkpoint)!r} holds a different model; resume it with the config it was saved with")
+            sparse = self._sparse_optimizer()
+            restore_embeddings(checkpoint, meta, self.model.embeddings, sparse, self.rank)
+            dense_optimizers = [o for o in self.optimizers if o is not sparse]
+            for o, s in zip(dense_optimizers, own["dense_optimizers"]):
+                o.load_state_dict(s)
+            if sparse is not None:
+                for group, saved in zip(sparse.param_groups, own["sparse_groups"]):
+                    group.update(saved)
+            for sch, s in zip(self.schedulers, own["schedulers"]):
+                sch.load_state_dict(s)
         self.progress = Progress(**own["progress"])
         torch.set_rng_state(own["rng"]["torch"])
         np.random.set_state(own["rng"]["numpy"])
@@ -262,7 +287,7 @@ class Trainer:
         state = self.rank_state()
         index = [b["block"] for b in state["blocks"]]
         if not self.distributed:
-            save_checkpoint(self.out, {0: state}, self.checkpoint_meta([index]))
+            save_checkpoint(self.out, {0: state}, self.checkpoint_meta([index]), write_files=self.hotline.save if self.hotline else None)
             return
         all_index: list[list[dict]] = [None] * self.world_size  # type: ignore[list-item]
         dist.all_gather_object(all_index, index)
@@ -377,6 +402,8 @@ class Trainer:
         }
         if "embedding_divergence" in last_val:
             summary["embedding_divergence"] = last_val["embedding_divergence"]
+        if self.hotline is not None:
+            summary["hotline"] = self.hotline.stats()
         if test:
             summary["test"] = test
         atomic_write_json(self.out / SUMMARY_FILE, summary)
@@ -416,7 +443,11 @@ def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
 
 def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
     """Train ``cfg`` into ``out`` (continuing its checkpoint when ``resume``); the summary on rank 0."""
-    return Trainer(cfg, out, progress=progress).fit(resume=resume)
+    trainer = Trainer(cfg, out, progress=progress)
+    try:
+        return trainer.fit(resume=resume)
+    finally:
+        trainer.close()
 
 
 def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> tuple[torch.nn.Module, RunConfig, list[TableConfig], dict[str, Any]]:
