@@ -256,7 +256,7 @@ def plot_similarity(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1)
-    fig.colorbar(image, ax=ax, label="|mean cosine|")
+    fig.colorbar(image, ax=ax, label="feature interaction")
     for edge in np.cumsum([len(t) for t in partition.towers])[:-1] - 0.5:
         ax.axhline(edge, color="white", linewidth=1)
         ax.axvline(edge, color="white", linewidth=1)
