@@ -298,6 +298,7 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
     from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
     from distrec.towers.modules import TowerModuleSpec, compression_ratio, num_parameters
     from distrec.train.metrics import click_metrics
+    from distrec.train.optim import LazyAdam
 
     world = topology.world_size
     layout = FeatureLayout.from_towers(topology, towers)
@@ -320,7 +321,9 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
         embeddings = SpttEmbeddingBagCollection.from_full_weights(tables, layout, groups, full, tower, dims)
         width = sum(dims)
     model = BenchModel(embeddings, eval_batch.dense.shape[1], width, args.dim)
-    lr = args.lr
+    tower_params = list(tower.parameters()) if tower is not None else []
+    dense_opt = torch.optim.Adam(model.dense_params + tower_params, lr=args.lr)
+    sparse_opt = LazyAdam(list(embeddings.weights), lr=args.embedding_lr)
     iteration_ms, embedding_ms = [], []
     counters = _LinkCounter()
     for step, batch in enumerate(steps):
@@ -333,23 +336,18 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
         detached = embedded.detach().requires_grad_()
         loss = F.binary_cross_entropy_with_logits(model.logits(batch, detached), batch.labels)
         loss.backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.dense_params])
+        grads = torch.cat([p.grad.reshape(-1) for p in model.dense_params]).div_(world)
         dist.all_reduce(grads)
         t2 = time.perf_counter()
         embedded.backward(detached.grad)
         t3 = time.perf_counter()
+        torch.nn.utils.vector_to_parameters(grads, [p.grad for p in model.dense_params])
         if tower is not None:
             sync_tower_grads(tower, groups, world)
-        with torch.no_grad():
-            offset = 0
-            for p in model.dense_params:
-                p -= lr * grads[offset : offset + p.numel()].view_as(p) / world
-                offset += p.numel()
-                p.grad = None
-            for p in [*embeddings.parameters()]:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-                    p.grad = None
+        dense_opt.step()
+        sparse_opt.step()
+        dense_opt.zero_grad(set_to_none=True)
+        sparse_opt.zero_grad(set_to_none=True)
         t4 = time.perf_counter()
         if step >= args.warmup:
             iteration_ms.append(_max_over_ranks((t4 - t0) * 1e3))
@@ -523,7 +521,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--eval-rows", type=int, default=16384)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.003, help="Adam learning rate of the dense layers and tower modules")
+    p.add_argument("--embedding-lr", type=float, default=0.03, help="row-wise (lazy) Adam learning rate of the tables")
     p.add_argument("--compressions", type=float, nargs="+", default=[2, 4, 8])
     p.add_argument("--no-netns", action="store_true", help="plain processes on the loopback (CI-safe)")
     p.add_argument("--quick", action="store_true", help="a short run: fewer steps, smaller batch and model")
