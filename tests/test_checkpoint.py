@@ -1,0 +1,120 @@
+"""Checkpoints are atomic: a run killed while saving leaves the previous checkpoint usable."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from distrec import io
+from distrec.cli import main
+from distrec.errors import DistrecError
+from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+from distrec.train.loop import load_trained_model
+
+TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
+        "--set", "train.threads=1", "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad", "--no-progress"]
+
+# Runs `distrec ARGV` in a fresh process whose torch.save writes part of a file and then
+# kills the process on the spot (no clean-up handlers run, as with SIGKILL or a power cut).
+KILLED_IN_SAVE = textwrap.dedent("""
+    import os, sys, torch
+    def save(obj, f, *args, **kwargs):
+        with open(f, "wb") as out:
+            out.write(b"half a checkpoint")
+        os._exit(9)
+    torch.save = save
+    from distrec.cli import main
+    main(sys.argv[1:])
+""")
+
+
+@pytest.fixture(autouse=True)
+def cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+
+
+def train(*argv) -> None:
+    assert main(["train", *map(str, argv)]) == 0
+
+
+def parameters(run):
+    model, *_ = load_trained_model(run, torch.device("cpu"))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_run_killed_mid_save_keeps_the_previous_checkpoint_and_resumes_exactly(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(*TINY, "--max-steps", 4, "--out", run)
+    before = parameters(run)
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAVE, "train", "--resume", str(run), "--max-steps", "8", "--no-progress"],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert killed.returncode == 9, killed.stderr
+    assert any(p.name.endswith(".tmp") for p in run.iterdir())  # the half-written checkpoint is left behind
+    assert read_meta(find_checkpoint(run))["step"] == 4
+    assert_same(parameters(run), before)
+    # the interrupted run resumes from step 4 and ends where an uninterrupted run ends
+    train("--resume", run, "--max-steps", 8, "--no-progress")
+    train(*TINY, "--max-steps", 8, "--out", tmp_path / "whole")
+    capsys.readouterr()
+    assert_same(parameters(run), parameters(tmp_path / "whole"))
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8
+
+
+def test_save_failing_part_way_leaves_the_checkpoint_unchanged(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    train(*TINY, "--max-steps", 4, "--out", run)
+    before = parameters(run)
+    real_save = torch.save
+
+    def save_then_fail(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        main(["train", "--resume", str(run), "--max-steps", "8", "--no-progress"])
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".checkpoint")) == []  # no debris
+    assert read_meta(find_checkpoint(run))["step"] == 4
+    assert_same(parameters(run), before)
+
+
+def test_kill_between_the_two_renames_falls_back_to_the_old_checkpoint(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    train(*TINY, "--max-steps", 4, "--out", run)
+    before = parameters(run)
+    real_replace = os.replace
+
+    def interrupted_rename(src, dst):
+        if os.path.basename(dst) == "checkpoint":  # the old one is already moved aside
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(io.os, "replace", interrupted_rename)
+    assert main(["train", "--resume", str(run), "--max-steps", "8", "--no-progress"]) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert not (run / "checkpoint").exists() and (run / ".checkpoint.old").is_dir()
+    assert has_checkpoint(run) and read_meta(find_checkpoint(run))["step"] == 4
+    assert_same(parameters(run), before)
+    train("--resume", run, "--max-steps", 8, "--no-progress")
+    assert read_meta(find_checkpoint(run))["step"] == 8
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(DistrecError, match="not found"):
+        find_checkpoint(tmp_path / "nothing")
+    with pytest.raises(DistrecError, match="holds no checkpoint"):
+        find_checkpoint(tmp_path)
+    assert not has_checkpoint(tmp_path)
