@@ -74,7 +74,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     spec = TowerModuleSpec("dlrm", dim=args.dim // 2)
     device = torch.device("cpu")
     auc: dict[str, list[float]] = {m: [] for m in MODELS}
-    info: dict = {}
+    info: dict = {"model_size": model_size(cfg, dataset, tables, towers, spec)}
     for seed in range(args.seeds):
         torch.manual_seed(seed)
         dlrm = build_model(cfg.model, dataset.num_dense, tables)
@@ -100,6 +100,26 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     info["compression"] = compression_ratio(spec, counts, args.dim)
     info["epochs"] = epochs
     return {"auc": auc, **info}
+
+
+def model_size(cfg, dataset, tables, towers: int, spec) -> dict:
+    """Dense parameters and forward MFLOPs per sample of DLRM and DMT-DLRM (the paper's Tables 4-5 columns)."""
+    from distrec.models.build import build_model
+    from distrec.towers.model import DmtDLRM
+    from distrec.towers.modules import mflops_per_sample
+    from distrec.towers.partition import naive_assignment
+
+    batch = dataset.batch(np.arange(min(256, dataset.num_rows)))
+    assignment = naive_assignment(len(tables), towers)
+    models = {
+        "dlrm": build_model(cfg.model, dataset.num_dense, tables),
+        "dmt": DmtDLRM(dataset.num_dense, tables, [list(np.flatnonzero(assignment == t)) for t in range(towers)], spec,
+                       cfg.model.bottom_mlp, cfg.model.top_mlp),
+    }
+    return {
+        name: {"dense_params": sum(p.numel() for p in m.dense_parameters()), "mflops_per_sample": mflops_per_sample(m, batch)}
+        for name, m in models.items()
+    }
 
 
 def plot(results: dict, path: Path) -> None:
@@ -143,7 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
     results = {name: run_dataset(name, args) for name in args.datasets}
     rows = []
     for name, r in results.items():
-        row = {"data": name, "towers": DATASETS[name][2], "CR": r["compression"]}
+        size = r["model_size"]
+        row = {"data": name, "towers": DATASETS[name][2], "CR": r["compression"],
+               "params_dlrm": size["dlrm"]["dense_params"], "params_dmt": size["dmt"]["dense_params"],
+               "MFLOPs_dlrm": size["dlrm"]["mflops_per_sample"], "MFLOPs_dmt": size["dmt"]["mflops_per_sample"]}
         for m in MODELS:
             row[m] = f"{np.mean(r['auc'][m]):.4f} ± {np.std(r['auc'][m]):.4f}"
         rows.append(row)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.interaction import CrossNet
 
@@ -137,15 +138,17 @@ def compression_ratio(spec: TowerModuleSpec, host_feature_counts: Sequence[int],
     return inputs / sum(spec.output_dim(f) for f in host_feature_counts)
 
 
-def mflops_per_sample(module: nn.Module, example: torch.Tensor) -> float:
-    """Forward MFLOPs per sample of ``module`` on ``example`` (rows = samples).
+def mflops_per_sample(module: nn.Module, example: torch.Tensor | Batch) -> float:
+    """Forward MFLOPs per sample of ``module`` on ``example`` (tensor rows or a Batch's samples).
 
     Counts matrix products (2 FLOPs per multiply-add) with ``torch.utils.flop_counter``;
-    element-wise operations (activations, the cross layers' products) are not counted.
+    element-wise operations (activations, the cross layers' products) and embedding
+    lookups are not counted.
     """
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         module(example)
-    return counter.get_total_flops() / example.shape[0] / 1e6
+    rows = example.batch_size if isinstance(example, Batch) else example.shape[0]
+    return counter.get_total_flops() / rows / 1e6
 
 
 def num_parameters(module: nn.Module) -> int:
