@@ -1,16 +1,21 @@
 import copy
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from multiprocess import run_distributed
 from test_hotline_embedding import TABLES, all_rows, zipf_batch
 
 from distrec import config
+from distrec.cli import main
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
 from distrec.hotline.optim import row_state_floats
 from distrec.hotline.training import HotlineTraining, stand_in_tables
 from distrec.models.build import build_model
+from distrec.train.loop import load_trained_model
 from distrec.train.optim import make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
@@ -122,3 +127,58 @@ def test_loading_from_a_directory_without_hotline_files_is_a_user_error(tmp_path
     cfg = run_config("sgd")
     with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path) as hotline, pytest.raises(DistrecError, match="--hotline"):
         hotline.load(tmp_path)
+
+
+# 1200 synthetic rows (1080 train = 17 batches of 64 per epoch), small tables, one thread
+TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.table_rows=200",
+            "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "5", "--no-progress",
+            "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
+
+
+def run_outcome(run):
+    """(rows of both tiers, dense state, metrics records, summary without speed) of a finished run."""
+    ckpt = run / "checkpoint"
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("samples_per_s")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    state = torch.load(ckpt / "state-rank0.pt", weights_only=False)["hotline"]
+    return np.load(ckpt / "hotline-rows.npy"), state["model"], records, summary
+
+
+def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+    assert main(["train", *TINY_RUN, "--max-steps", "22", "--out", str(tmp_path / "whole")]) == 0
+    assert main(["train", *TINY_RUN, "--max-steps", "10", "--out", str(tmp_path / "halves")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "halves"), "--max-steps", "22", "--no-progress"]) == 0
+    capsys.readouterr()
+    rows_a, dense_a, records_a, summary_a = run_outcome(tmp_path / "whole")
+    rows_b, dense_b, records_b, summary_b = run_outcome(tmp_path / "halves")
+    np.testing.assert_array_equal(rows_a, rows_b)
+    for name in dense_a:
+        assert torch.equal(dense_a[name], dense_b[name]), name
+    assert records_a == records_b
+    assert summary_a == summary_b
+    hot = summary_a["hotline"]
+    assert hot["relearns"] == 5 and 0 < hot["hot_lookup_fraction"] < 1 and hot["slow_tier"] == "disk"
+    assert hot["fast_tier_bytes"] <= hot["hot_budget_bytes"] == 8000
+    model, *_ = load_trained_model(tmp_path / "whole", torch.device("cpu"))  # what distrec evaluate uses
+    assert torch.equal(model.embeddings.weight.detach(), torch.from_numpy(rows_a))
+    for name, value in dense_a.items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def _hotline_trainer(rank: int, world_size: int, out: str) -> str:
+    from distrec.train.loop import Trainer
+
+    cfg = config.load(None, ["hotline.enabled=true", "data.synthetic.rows=300", "data.synthetic.table_rows=50"], preset="tiny")
+    try:
+        Trainer(cfg, Path(out), progress=False)
+    except DistrecError as e:
+        return str(e)
+    return "no error"
+
+
+def test_distributed_hotline_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+    for message in run_distributed(_hotline_trainer, 2, str(tmp_path / "run")):
+        assert "distributed Hotline is not supported" in message

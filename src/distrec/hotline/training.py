@@ -35,6 +35,7 @@ from distrec.hotline.embedding import HotlineEmbeddingBagCollection, uniform_ini
 from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
+from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
@@ -53,6 +54,24 @@ def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
     depend on table sizes) and pass the real ``tables`` to HotlineTraining, so no
     table-sized tensor is ever allocated."""
     return [dataclasses.replace(t, num_rows=1) for t in tables]
+
+
+def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
+    """Fill an ordinary model (``build_model`` with the run's tables) from a Hotline checkpoint:
+    ``state`` is ``HotlineTraining.state_dict()``, ``directory`` holds the files of ``save``.
+    The embedding weights are copied chunk by chunk from the rows file (memory-mapped)."""
+    rows_file = Path(directory) / ROWS_FILE
+    if not rows_file.is_file():
+        raise DistrecError(f"{str(directory)!r} has no {ROWS_FILE}; pass a checkpoint of a run trained with --hotline")
+    model.load_state_dict(state["model"], strict=False)
+    rows = np.load(rows_file, mmap_mode="r")
+    weight = model.embeddings.weight
+    if rows.shape[0] != weight.shape[0] or rows.shape[1] < weight.shape[1]:
+        raise DistrecError(f"the Hotline rows in {str(rows_file)!r} do not fit the model's tables; use the run's own config")
+    chunk = max(1, CHUNK_BYTES // (rows.shape[1] * FLOAT_BYTES))
+    with torch.no_grad():
+        for start in range(0, rows.shape[0], chunk):
+            weight[start : start + chunk] = torch.from_numpy(np.array(rows[start : start + chunk, : weight.shape[1]]))
 
 
 class HotlineTraining:

@@ -28,7 +28,7 @@ from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.training import HotlineTraining, stand_in_tables
+from distrec.hotline.training import HotlineTraining, load_into_model, stand_in_tables
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.parallel.comm import init_from_env
@@ -463,8 +463,12 @@ def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> 
     device = device or default_device()
     tables = [TableConfig.from_dict(t) for t in meta["tables"]]
     model = build_model(cfg.model, meta["num_dense"], tables, device=device)
-    model.load_state_dict(load_state(ckpt, 0, map_location=device)["dense"], strict=False)
-    restore_embeddings(ckpt, meta, model.embeddings, None, rank=0)
+    own = load_state(ckpt, 0, map_location=device)
+    if "hotline" in own:
+        load_into_model(model, ckpt, own["hotline"])
+    else:
+        model.load_state_dict(own["dense"], strict=False)
+        restore_embeddings(ckpt, meta, model.embeddings, None, rank=0)
     return model, cfg, tables, meta
 
 
