@@ -221,6 +221,7 @@ def worker(args: argparse.Namespace) -> None:
     eval_batch = data.batch(np.arange(eval_start + rank * eval_local, eval_start + (rank + 1) * eval_local))
 
     calibration = measure_links(topology, groups, args)
+    calibration["flops_per_s"] = _min_over_ranks(matmul_flops_per_s())
     schemes = ["flat", "sptt", *[f"dmt_cr{k:g}" for k in args.compressions]]
     results = {}
     for scheme in schemes:
@@ -258,13 +259,37 @@ def measure_links(topology, groups, args) -> dict:
     return out
 
 
-def _max_over_ranks(value: float) -> float:
+def matmul_flops_per_s() -> float:
+    """FLOP/s of this process on float32 matrix products (the simulator's compute rate)."""
+    import torch
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    return 20 * 2 * 256**3 / (time.perf_counter() - t0)
+
+
+def _reduce(value: float, op) -> float:
     import torch
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=op)
     return float(t)
+
+
+def _max_over_ranks(value: float) -> float:
+    import torch.distributed as dist
+
+    return _reduce(value, dist.ReduceOp.MAX)
+
+
+def _min_over_ranks(value: float) -> float:
+    import torch.distributed as dist
+
+    return _reduce(value, dist.ReduceOp.MIN)
 
 
 class BenchModel:
@@ -296,7 +321,7 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
     from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
     from distrec.parallel.sptt import FeatureLayout
     from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
-    from distrec.towers.modules import TowerModuleSpec, compression_ratio, num_parameters
+    from distrec.towers.modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
     from distrec.train.metrics import click_metrics
     from distrec.train.optim import LazyAdam
 
@@ -374,18 +399,18 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
     }
     if spec is not None:
         counts = layout.host_feature_counts()
+        tower_mflops = mflops_per_sample(tower, torch.zeros(8, counts[host], args.dim))
         result.update(compression=compression_ratio(spec, counts, args.dim), tower_dim=spec.dim,
-                      tower_params_per_host=_sum_over_hosts(num_parameters(tower), topology))
+                      tower_params=int(_sum_over_hosts(num_parameters(tower), topology)),
+                      tower_mflops_per_sample=_sum_over_hosts(tower_mflops, topology))
     return result
 
 
-def _sum_over_hosts(value: int, topology) -> int:
-    import torch
+def _sum_over_hosts(value: float, topology) -> float:
+    """Sum over hosts of a value every rank of a host knows (local rank 0 counts it)."""
     import torch.distributed as dist
 
-    t = torch.tensor([value if topology.local_rank(dist.get_rank()) == 0 else 0], dtype=torch.int64)
-    dist.all_reduce(t)
-    return int(t)
+    return _reduce(value if topology.local_rank(dist.get_rank()) == 0 else 0.0, dist.ReduceOp.SUM)
 
 
 class _LinkCounter:
@@ -453,7 +478,7 @@ def simulator_fit(calibration: dict, schemes: dict, args: argparse.Namespace) ->
     from distrec.sim.cluster import Cluster, LinkParams
     from distrec.sim.iteration import Workload, predict_iteration
 
-    samples = {k: v for k, v in calibration.items() if len(v) >= 2}
+    samples = {k: v for k, v in calibration.items() if k != "flops_per_s" and len(v) >= 2}
     if "intra_host" not in samples:
         return None
     try:
@@ -461,18 +486,23 @@ def simulator_fit(calibration: dict, schemes: dict, args: argparse.Namespace) ->
     except DistrecError as e:  # timings too noisy to fit (a busy machine)
         return {"error": str(e), "measurements": calibration}
     cross = links.get("cross_host", LinkParams(0.0, 1.0))  # unused with one host
-    cluster = Cluster(args.hosts, args.ranks_per_host, peak_flops=1.0, compute_efficiency=1.0,
+    cluster = Cluster(args.hosts, args.ranks_per_host, peak_flops=calibration["flops_per_s"], compute_efficiency=1.0,
                       scale_up=links["intra_host"], scale_out=cross)
-    workload = Workload(local_batch=args.global_batch // (args.hosts * args.ranks_per_host), num_features=args.features,
-                        embedding_dim=args.dim, dense_mflops=0.0, dense_params=0)
     out = {"links": {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()},
-           "measurements": calibration}
+           "flops_per_s": calibration["flops_per_s"], "measurements": calibration}
     for name, r in schemes.items():
         scheme, compression = ("dmt", r["compression"]) if name.startswith("dmt") else (name, 1.0)
+        # only the embedding module: exchanges and, for DMT, the tower modules' compute
+        workload = Workload(local_batch=args.global_batch // (args.hosts * args.ranks_per_host), num_features=args.features,
+                            embedding_dim=args.dim, dense_mflops=0.0, dense_params=0,
+                            tower_mflops=r.get("tower_mflops_per_sample", 0.0))
         predicted = predict_iteration(workload, cluster, scheme, compression)
-        exchange = predicted.index_exchange + predicted.embedding_exchange
-        out[name] = {"predicted_exchange_ms": exchange, "measured_embedding_ms": r["embedding_ms"],
+        exchange = predicted.index_exchange + predicted.embedding_exchange + predicted.compute
+        out[name] = {"predicted_embedding_ms": exchange, "measured_embedding_ms": r["embedding_ms"],
                      "predicted_over_measured": exchange / r["embedding_ms"]}
+    for name in schemes:
+        out[name]["predicted_speedup"] = out["flat"]["predicted_embedding_ms"] / out[name]["predicted_embedding_ms"]
+        out[name]["measured_speedup"] = schemes[name]["embedding_speedup"]
     return out
 
 
