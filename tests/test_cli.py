@@ -147,6 +147,7 @@ def test_evaluate_prints_one_json_object(capsys, criteo_run, synthetic_tsv):
         (["data", "prepare", "--data-format", "criteo", "--data", "no/such.tsv"], ["'no/such.tsv' not found"]),
         (["data", "synth", "-o", "x.tsv", "--set", "data.synthetic.num_dense=3"], ["13 dense", "num_dense=13"]),
         (["evaluate", "--checkpoint", "no/such/run"], ["checkpoint 'no/such/run' not found"]),
+        (["train", "--set", "data.synthetic.zipf_exponents=[1.0, 2.0]"], ["26 non-negative Zipf exponents"]),
     ],
 )
 def test_user_errors_are_one_line(capsys, tmp_path, monkeypatch, argv, fragments):

@@ -60,6 +60,14 @@ def test_zipf_exponent_per_table():
         SyntheticGenerator(cfg, exponents=[1.0])
 
 
+def test_zipf_exponents_per_table_from_the_config():
+    from distrec import config
+
+    cfg = config.load(None, ["data.synthetic.rows=3000", "data.synthetic.table_rows=1000", "data.synthetic.seed=5",
+                             "data.synthetic.num_sparse=2", "data.synthetic.zipf_exponents=[0, 1.5]"]).data.synthetic
+    assert_chunks_equal(SyntheticGenerator(cfg).generate(0, 3000), SyntheticGenerator(small(num_sparse=2), exponents=[0.0, 1.5]).generate(0, 3000))
+
+
 def test_popularity_drift_moves_the_hot_rows():
     def hot(chunk, k=20):
         return set(np.argsort(np.bincount(chunk.sparse[0][0]))[-k:])

@@ -27,6 +27,7 @@ class SyntheticConfig:
     num_sparse: int = 26
     table_rows: int = 100_000
     zipf_exponent: float = 1.05
+    zipf_exponents: list[float] = field(default_factory=list)  # one per table; empty: zipf_exponent for all
     pooling_factor: int = 1
     interaction_groups: int = 0
     drift_period_rows: int = 0

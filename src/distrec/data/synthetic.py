@@ -82,7 +82,9 @@ def _uniform(key: np.uint64, counters: np.ndarray) -> np.ndarray:
 
 
 def zipf_exponents(cfg: SyntheticConfig, exponents: Sequence[float] | None = None) -> np.ndarray:
-    """The Zipf exponent of each table: ``exponents`` if given (one per table), else the config's."""
+    """The Zipf exponent of each table: ``exponents`` if given (one per table), else the
+    config's ``zipf_exponents`` if set, else ``zipf_exponent`` for every table."""
+    exponents = exponents if exponents is not None else cfg.zipf_exponents or None
     if exponents is None:
         return np.full(cfg.num_sparse, float(cfg.zipf_exponent))
     values = np.asarray(exponents, np.float64)
@@ -141,7 +143,7 @@ class SyntheticGenerator:
     Args:
         cfg: the data set (rows, features, table size, Zipf exponent, pooling, groups,
             drift, seed).
-        exponents: optional Zipf exponent per table (overrides ``cfg.zipf_exponent``).
+        exponents: optional Zipf exponent per table (overrides the config's exponents).
 
     Example:
         >>> gen = SyntheticGenerator(SyntheticConfig(table_rows=1000, seed=7))
