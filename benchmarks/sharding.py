@@ -45,6 +45,7 @@ from distrec.planner.cost_models import CostModels, train_cost_models
 from distrec.planner.execute import execute_plans
 from distrec.planner.heuristics import HEURISTICS
 from distrec.planner.search import SearchOptions
+from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
 
 ABLATIONS = ("no-beam", "no-grid", "no-cache")
@@ -59,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=3, help="timed steps per plan (after one warm-up step)")
-    p.add_argument("--cost-models", type=Path, help="trained cost models; collected and trained into --out if absent")
+    p.add_argument("--cost-models", type=Path, help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent")
     p.add_argument("--compute-samples", type=int, default=2000)
     p.add_argument("--comm-samples", type=int, default=500)
     p.add_argument("--out", type=Path, default=Path("runs/sharding"), help="folder for cost data, models, results, figure")
@@ -73,7 +74,7 @@ def parse_args() -> argparse.Namespace:
 def cost_models(args: argparse.Namespace) -> CostModels:
     """Load the given models, or collect micro-benchmarks and train them into ``--out``."""
     if args.cost_models is not None:
-        models = CostModels.load(args.cost_models)
+        models = load_cost_models(args.cost_models)
     else:
         data = args.out / "costs.jsonl"
         for devices in args.devices:

@@ -135,3 +135,12 @@ def test_search_options_are_checked():
         SearchOptions(beam_width=0)
     with pytest.raises(DistrecError, match="unknown search variant"):
         SearchOptions.ablation("no-search")
+
+
+def test_tight_memory_is_packed_largest_first_when_the_cost_order_fits_nowhere(models):
+    """In this task no greedy placement in cost order fits the memory under any dim bound;
+    without beam steps only the largest-first fallback can place it."""
+    task = generate_tasks(make_table_pool(seed=0), 10, 4, max_dim=128, seed=4)[5]
+    plan, report = plan_tables(task.tables, 4, task.memory_per_device, models, options=SearchOptions(max_steps=0))
+    plan.validate([t.to_config() for t in task.tables], task.memory_per_device)
+    assert report["states_evaluated"] == 1 and all(w % 4 == 0 for w in shard_widths(plan))

@@ -279,7 +279,8 @@ def fit(
     Stops when the validation MSE has not improved for ``patience`` epochs.
 
     Returns:
-        MSE (ms^2) on the train, validation and test parts, the validation MSE before
+        MSE (ms^2) on the train, validation and test parts, the variance of the test
+        targets (the MSE of always predicting their mean), the validation MSE before
         training, and the epochs run.
     """
     n = len(data)
@@ -316,7 +317,8 @@ def fit(
                 break
     net.load_state_dict(best[1])
     net.eval()
-    return {**{f"{k}_mse": mse(v) for k, v in parts.items()}, "initial_val_mse": initial_val, "epochs": epoch}
+    test_var = float(data.targets[torch.from_numpy(parts["test"])].var(unbiased=False))
+    return {**{f"{k}_mse": mse(v) for k, v in parts.items()}, "test_target_var": test_var, "initial_val_mse": initial_val, "epochs": epoch}
 
 
 HARDWARE_KEYS = ("torch", "cpu", "device_type", "device_name")
@@ -392,7 +394,10 @@ def train_cost_models(
     models = CostModels(compute, comm, batch_sizes.pop(), hardware, metrics)
     if verbose:
         for name, m in metrics.items():
-            print(f"{name}: test MSE {m['test_mse']:.4g} ms^2 (validation {m['val_mse']:.4g}, {m['epochs']} epochs)")
+            print(
+                f"{name}: test MSE {m['test_mse']:.4g} ms^2 against a test variance of {m['test_target_var']:.4g} ms^2 "
+                f"(validation MSE {m['val_mse']:.4g}, {m['epochs']} epochs)"
+            )
     if out_path is not None:
         models.save(out_path)
     return models

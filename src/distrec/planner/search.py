@@ -213,35 +213,47 @@ class NeuroShardSearch:
     # -- placement ---------------------------------------------------------------------
 
     def _evaluate(self, state: State) -> _Evaluation:
-        """The best greedy placement of ``state`` over the grid of dim bounds."""
+        """The best greedy placement of ``state`` over the grid of dim bounds.
+
+        Chunks go most expensive first. If that order fits no device under any bound (tight
+        memory), the chunks are placed largest first without a bound, as first-fit
+        decreasing bin packing does, so that a state that fits is rarely lost.
+        """
         opts = self.options
         info = [self._chunk(c.table, c.dim) for c in state]
         sizes = [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in state]
-        dims = [c.dim for c in state]
-        order = sorted(range(len(state)), key=lambda i: (-info[i].cost, -sizes[i], i))
-        pins = {i: self._pin_of[c.table] for i, c in enumerate(state) if c.table in self._pin_of}
-        mean_dim = sum(dims) / self.num_devices
+        by_cost = sorted(range(len(state)), key=lambda i: (-info[i].cost, -sizes[i], i))
+        mean_dim = sum(c.dim for c in state) / self.num_devices
         bounds = mean_dim * np.linspace(1.0, opts.grid_max, opts.grid_points) if opts.grid_search else [math.inf]
         best = _Evaluation(math.inf)
         for bound in bounds:
-            summed = np.zeros((self.num_devices, info[0].embedding.size))
-            hashes = [0] * self.num_devices
-
-            def add_item(device: int, item: int) -> float:
-                summed[device] += info[item].embedding
-                hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
-                return self._device_compute(hashes[device], summed[device])
-
-            placed = greedy_place(order, sizes, dims, self.num_devices, self.memory, add_item, pins, bound)
-            if placed is None:
-                continue
-            device_of, compute = placed
-            dim_sums = np.zeros(self.num_devices)
-            np.add.at(dim_sums, device_of, dims)
-            cost = float(self.predictor.plan_costs(np.array(compute), dim_sums)["total"].max())
-            if cost < best.cost:
-                best = _Evaluation(cost, device_of, compute)
+            ev = self._place(state, info, sizes, by_cost, bound)
+            if ev.cost < best.cost:
+                best = ev
+        if best.device_of is None:
+            by_size = sorted(range(len(state)), key=lambda i: (-sizes[i], -info[i].cost, i))
+            best = self._place(state, info, sizes, by_size, math.inf)
         return best
+
+    def _place(self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float) -> _Evaluation:
+        """Greedy placement of the chunks in ``order`` under a dim bound, scored by the cost models."""
+        dims = [c.dim for c in state]
+        pins = {i: self._pin_of[c.table] for i, c in enumerate(state) if c.table in self._pin_of}
+        summed = np.zeros((self.num_devices, info[0].embedding.size))
+        hashes = [0] * self.num_devices
+
+        def add_item(device: int, item: int) -> float:
+            summed[device] += info[item].embedding
+            hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
+            return self._device_compute(hashes[device], summed[device])
+
+        placed = greedy_place(order, sizes, dims, self.num_devices, self.memory, add_item, pins, bound)
+        if placed is None:
+            return _Evaluation(math.inf)
+        device_of, compute = placed
+        dim_sums = np.zeros(self.num_devices)
+        np.add.at(dim_sums, device_of, dims)
+        return _Evaluation(float(self.predictor.plan_costs(np.array(compute), dim_sums)["total"].max()), device_of, compute)
 
     # -- splits ------------------------------------------------------------------------
 
