@@ -107,3 +107,27 @@ def test_sptt_module_equals_flat_and_unsharded_single_and_multi_hot(hosts, ranks
 def _run_both(rank: int, world: int, hosts: int) -> None:
     for max_bag in (1, 4):  # single-hot, multi-hot
         _check(rank, world, hosts, max_bag)
+    _check_uneven(rank, world, hosts)
+
+
+def _check_uneven(rank: int, world: int, hosts: int) -> None:
+    """Ranks with fewer samples (the last batch of an epoch): padded inside, same result."""
+    topology = Topology(hosts, world // hosts)
+    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)])
+    sizes = [LOCAL_BATCH - r % 3 for r in range(world)]  # 3, 2, 1, 3, ...
+    starts = [sum(sizes[:r]) for r in range(world)]
+    torch.manual_seed(0)
+    reference = EmbeddingBagCollection(TABLES)
+    full = {t.name: reference.table_weight(t.name).detach().clone() for t in TABLES}
+    batch = _global_batch(sum(sizes), 3, seed=4)
+    upstream = torch.randn(sum(sizes), len(TABLES), DIM, generator=torch.Generator().manual_seed(6))
+    expected = reference(batch)
+    (expected * upstream).sum().backward()
+    mine = slice(starts[rank], starts[rank] + sizes[rank])
+    module = SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, topology.build_groups(), full)
+    out = module(batch.slice(mine.start, mine.stop))
+    torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6)
+    (out * upstream[mine]).sum().mul(world).backward()
+    for table, grad in _table_grads(module).items():
+        start, end = reference.table_rows(table)
+        torch.testing.assert_close(grad, reference.weight.grad.to_dense()[start:end])

@@ -107,15 +107,41 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return pooled[:, self.column_of_unit]
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """``[b, F, D]`` in the global feature order, or ``[b, sum(tower_dims)]`` with a tower module."""
-        return sptt_exchange(
-            self.pool_global(batch),
+        """``[b, F, D]`` in the global feature order, or ``[b, sum(tower_dims)]`` with a tower module.
+
+        SPTT needs the same b on every rank; smaller batches (the end of an epoch or of an
+        evaluation) are padded with empty samples whose outputs are dropped.
+        """
+        largest = torch.tensor([batch.batch_size], device=batch.labels.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        padded = pad_batch(batch, int(largest), len(self.tables))
+        out = sptt_exchange(
+            self.pool_global(padded),
             self.layout,
             self.groups,
             self.tower_module,
             self.tower_dims,
             grad_scale=1.0 / self.world_size,
         )
+        return out[: batch.batch_size]
+
+
+def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
+    """``batch`` followed by samples with empty bags, zero dense features and label 0, ``rows`` in all."""
+    extra = rows - batch.batch_size
+    if extra == 0:
+        return batch
+    lengths = torch.diff(batch.sparse_offsets).view(num_features, batch.batch_size)
+    lengths = torch.nn.functional.pad(lengths, (0, extra))
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+    pad_rows = (0, 0, 0, extra)
+    return Batch(
+        torch.nn.functional.pad(batch.dense, pad_rows),
+        batch.sparse_values,
+        offsets,
+        torch.nn.functional.pad(batch.labels, (0, extra)),
+    )
 
 
 def sync_tower_grads(module: nn.Module, groups: TopologyGroups, world_size: int) -> None:
