@@ -127,6 +127,33 @@ def test_evaluate_prints_one_json_object(capsys, criteo_run, synthetic_tsv):
     assert 0 <= result["auc"] <= 1 and 0 <= result["accuracy"] <= 1
 
 
+def test_train_on_csv_and_evaluate_on_parquet_with_a_schema(capsys, tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    n = 400
+    table = pa.table({
+        "user": [f"u{i}" for i in rng.integers(0, 30, n)],
+        "tags": ["|".join(f"t{t}" for t in rng.choice(8, rng.integers(0, 4), replace=False)) for _ in range(n)],
+        "age": rng.integers(18, 70, n),
+        "rating": rng.integers(1, 6, n),
+    })
+    pacsv.write_csv(table, tmp_path / "ratings.csv")
+    pq.write_table(table, tmp_path / "ratings.parquet")
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: rating\nthreshold: 4\ndense: [age]\ncategorical: [user, {name: tags, separator: '|'}]\n")
+    run = tmp_path / "run"
+    status, stdout, _ = run_cli(capsys, "train", "--preset", "tiny", "--data-format", "csv", "--data", tmp_path / "ratings.csv",
+                                "--schema", schema, "--batch-size", "32", "--max-steps", "3", "--out", run, "--no-progress")
+    assert status == 0 and json.loads(stdout)["train_rows"] == 360
+    status, stdout, _ = run_cli(capsys, "evaluate", "--checkpoint", run, "--data", tmp_path / "ratings.parquet",
+                                "--data-format", "parquet", "--schema", schema, "--no-progress")
+    assert status == 0 and json.loads(stdout)["rows"] == n
+
+
 @pytest.mark.parametrize(
     "argv, fragments",
     [
