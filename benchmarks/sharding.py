@@ -19,7 +19,7 @@ against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the abl
 beam search, no grid search, no cache: executed cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
-first (resumable). ``--quick`` runs 2 max dims x 8 tasks per device count.
+first (resumable). ``--quick`` runs 2 max dims x 6 tasks per device count.
 
 Usage:
     python benchmarks/sharding.py --quick
@@ -54,12 +54,13 @@ VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="8 tasks, max dims 16 and 128, fewer cost samples")
+    p.add_argument("--quick", action="store_true", help="6 tasks, max dims 16 and 128, fewer cost samples")
     p.add_argument("--tasks", type=int, default=100, help="tasks per setting")
     p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per plan (after one warm-up step)")
+    p.add_argument("--repeats", type=int, default=3, help="timed compute runs per device and plan (after one warm-up run)")
+    p.add_argument("--steps", type=int, default=9, help="timed training steps per plan, whose median is its cost (after one warm-up step)")
     p.add_argument("--cost-models", type=Path, help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent")
     p.add_argument("--compute-samples", type=int, default=2000)
     p.add_argument("--comm-samples", type=int, default=500)
@@ -67,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.quick:
-        args.tasks, args.max_dims, args.compute_samples, args.comm_samples = 8, [16, 128], 800, 250
+        args.tasks, args.max_dims, args.compute_samples, args.comm_samples = 6, [16, 128], 800, 250
     return args
 
 
@@ -105,7 +106,8 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
     planned = [plan_task(t, models, args.seed + i) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
     jobs = [(i, v) for i in range(len(tasks)) for v in VARIANTS if "plan" in planned[i][v] and v != "neuroshard-no-cache"]
     costs = execute_plans(
-        [(planned[i][v]["plan"], tasks[i].tables) for i, v in jobs], args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True
+        [(planned[i][v]["plan"], tasks[i].tables) for i, v in jobs], args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True,
+        step_repeats=args.steps,
     )
     real = {(i, v): max(c["total"]) for (i, v), c in zip(jobs, costs)}
     for i in range(len(tasks)):  # the cache changes search time, never the plan

@@ -12,7 +12,7 @@ HIST = (0.6, 0.3, 0.1) + (0.0,) * 14
 def test_execute_two_plans_on_two_processes():
     tables = [TableSpec(f"t{i}", 500 * (i + 1), 8 * (i % 3 + 1), 2.0 + i, HIST) for i in range(5)]
     plans = [plan_tables(tables, 2, 10**6, algorithm=a)[0] for a in ("size-greedy", "dim-greedy")]
-    results = execute_plans([(p, tables) for p in plans], batch_size=32, warmup=1, repeats=2, progress=False)
+    results = execute_plans([(p, tables) for p in plans], batch_size=32, warmup=1, repeats=2, progress=False, step_repeats=4)
     assert len(results) == 2
     for r in results:
         assert set(r) == set(COST_PARTS) and all(len(v) == 2 for v in r.values())

@@ -49,6 +49,7 @@ def execute_plans(
     device: str | torch.device | None = None,
     share_cores: bool | None = None,
     progress: bool = False,
+    step_repeats: int | None = None,
 ) -> list[dict[str, list[float]]]:
     """Run every plan (all for the same world size) in one group of spawned processes.
 
@@ -60,6 +61,9 @@ def execute_plans(
         device: device type; defaults to the accelerator, else the CPU.
         share_cores: time-multiplex the ranks' compute (see the module doc); None = on the CPU.
         progress: show a tqdm bar over the plans (only on a terminal).
+        step_repeats: timed training steps (default ``repeats``). With ``share_cores`` the
+            compute is timed ``repeats`` times in turns, and a step then costs only its
+            sleep and all-to-alls, so many steps are cheap and tame the all-to-all noise.
 
     Returns:
         Per plan, per-device median costs in ms under ``compute``, ``fw_comm``, ``bw_comm``
@@ -75,7 +79,8 @@ def execute_plans(
     layouts = [device_tables(plan, tables) for plan, tables in plans]
     results = mp.get_context("spawn").SimpleQueue()
     show = progress and sys.stderr.isatty()
-    spawn_group(_execute_worker, world, dev.type, (layouts, batch_size, warmup, repeats, seed, share, show, results))
+    steps = repeats if step_repeats is None else step_repeats
+    spawn_group(_execute_worker, world, dev.type, (layouts, batch_size, warmup, repeats, steps, seed, share, show, results))
     return results.get()
 
 
@@ -92,16 +97,18 @@ def compute_in_turns(workload: LookupWorkload, warmup: int, repeats: int, device
 
 
 def run_steps(
-    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, repeats: int, share_cores: bool, rng: np.random.Generator, device: torch.device
+    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, repeats: int, step_repeats: int, share_cores: bool,
+    rng: np.random.Generator, device: torch.device,
 ) -> dict[str, float]:
-    """This rank's median compute, all-to-all and total times (ms) of training steps with ``tables``."""
+    """This rank's median compute, all-to-all and total times (ms) over ``step_repeats`` training
+    steps with ``tables`` (compute timed ``repeats`` times in turns when ``share_cores``)."""
     rank = dist.get_rank()
     workload = LookupWorkload(tables, batch_size, device, rng)
     shared_compute = compute_in_turns(workload, warmup, repeats, device) if share_cores else 0.0
     grad = torch.ones(batch_size, dim_sums[rank], device=device)
     pooled = workload.forward().detach()
     rows: list[tuple[float, float, float]] = []
-    for _ in range(warmup + repeats):
+    for _ in range(warmup + step_repeats):
         dist.barrier()
         if share_cores:
             compute = shared_compute
@@ -114,12 +121,12 @@ def run_steps(
     return {"compute": float(med[0]), "fw_comm": float(med[1]), "bw_comm": float(med[2]), "total": float(med.sum())}
 
 
-def _execute_worker(rank, world, device, layouts, batch_size, warmup, repeats, seed, share_cores, show, results) -> None:
+def _execute_worker(rank, world, device, layouts, batch_size, warmup, repeats, step_repeats, seed, share_cores, show, results) -> None:
     out = []
     for index, layout in enumerate(tqdm(layouts, desc="executing plans", unit="plan", disable=not (show and rank == 0))):
         dim_sums = [sum(t.dim for t in ts) for ts in layout]
         rng = np.random.default_rng([seed, index, rank])
-        mine = run_steps(layout[rank], dim_sums, batch_size, warmup, repeats, share_cores, rng, device)
+        mine = run_steps(layout[rank], dim_sums, batch_size, warmup, repeats, step_repeats, share_cores, rng, device)
         every = [None] * world
         dist.all_gather_object(every, mine)
         out.append({part: [costs[part] for costs in every] for part in COST_PARTS})
