@@ -104,12 +104,21 @@ class ParallelConfig:
     JSON), by one ``sharding`` type for all tables, or by the greedy planner under
     ``memory_per_rank`` (a size such as '4GB'); ``local`` gives every rank its own full
     copy of the tables and all-reduces only dense gradients.
+
+    ``lookup``: ``flat`` (one all-to-all over all ranks) or ``sptt`` (DMT's topology-aware
+    exchange: tower t's tables on host t, table-wise; ``towers`` is a tower partition JSON
+    from ``distrec partition``, default the strided one). ``hosts`` x ``ranks_per_host``
+    describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
     """
 
     embeddings: str = "sharded"
     plan: str | None = None
     sharding: str | None = None
     memory_per_rank: str | None = None
+    lookup: str = "flat"
+    hosts: int | None = None
+    ranks_per_host: int | None = None
+    towers: str | None = None
 
 
 @dataclass
@@ -166,6 +175,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.embedding_optimizer": ("sgd", "adagrad", "adam"),
     "train.decay": ("none", "linear", "cosine", "poly"),
     "parallel.embeddings": ("sharded", "local"),
+    "parallel.lookup": ("flat", "sptt"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
@@ -347,6 +357,10 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
+    if cfg.parallel.lookup == "sptt" and (cfg.parallel.embeddings != "sharded" or cfg.parallel.plan or cfg.parallel.sharding):
+        raise DistrecError("parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding")
+    if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
+        raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
         raise DistrecError(f"--data-format {dc.format} needs --schema FILE naming the label, dense and categorical columns")
 

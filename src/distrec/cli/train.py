@@ -19,6 +19,7 @@ examples:
   distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
   distrec train --hotline --hot-budget 64MB --sample-rate 0.05 --relearn-every 200 --out runs/hot
+  distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
 """
 
 
@@ -44,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning")
     dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
     dist_args.add_argument("--memory-per-rank", metavar="SIZE", help="table memory limit per rank for the default planner, e.g. 4GB")
+    dist_args.add_argument("--lookup", choices=["flat", "sptt"], help="embedding exchange: flat all-to-all (default) or DMT's SPTT by host")
+    dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
+    dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
+    dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
     hot = train.add_argument_group("Hotline (one process): hot rows in a fast tier, the rest in a slow tier (on CPU a file on disk)")
     hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's two tiers and micro-batch pipeline")
     hot.add_argument("--hot-budget", metavar="SIZE", help="fast-tier bytes for hot rows, e.g. 512MB (default 512MB)")

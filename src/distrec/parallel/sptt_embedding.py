@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -35,7 +36,7 @@ from distrec.parallel.comm import all_to_all
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
-from distrec.parallel.topology import TopologyGroups
+from distrec.parallel.topology import Topology, TopologyGroups
 from distrec.tables import TableConfig
 
 
@@ -142,6 +143,40 @@ def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
         offsets,
         torch.nn.functional.pad(batch.labels, (0, extra)),
     )
+
+
+def sptt_embeddings(
+    tables: list[TableConfig],
+    full: dict[str, torch.Tensor],
+    world_size: int,
+    hosts: int | None = None,
+    ranks_per_host: int | None = None,
+    towers_file: str | None = None,
+    device: torch.device | None = None,
+) -> SpttEmbeddingBagCollection:
+    """The SPTT module of a training run (call on every rank, at the same point).
+
+    Args:
+        tables: the model's tables, in feature order.
+        full: every table's full initial weight (name -> [rows, D]).
+        world_size: the job's ranks; must equal hosts x ranks_per_host.
+        hosts, ranks_per_host: the topology (default: torchrun's environment).
+        towers_file: a tower partition from ``distrec partition`` with one tower per host
+            (default: the strided assignment, feature i on host i % hosts).
+        device: where the shards live.
+    """
+    from distrec.towers.partition import TowerPartition, naive_assignment
+
+    topology = Topology(hosts, ranks_per_host) if hosts is not None else Topology.from_env()
+    topology.check_world_size(world_size)
+    names = [t.name for t in tables]
+    if towers_file is not None:
+        towers = TowerPartition.load(towers_file).feature_indices(names)
+    else:
+        strided = naive_assignment(len(tables), topology.hosts)
+        towers = [[int(f) for f in np.flatnonzero(strided == h)] for h in range(topology.hosts)]
+    layout = FeatureLayout.from_towers(topology, towers)
+    return SpttEmbeddingBagCollection.from_full_weights(tables, layout, topology.build_groups(), full, device=device)
 
 
 def sync_tower_grads(module: nn.Module, groups: TopologyGroups, world_size: int) -> None:

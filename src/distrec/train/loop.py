@@ -35,6 +35,7 @@ from distrec.parallel.comm import init_from_env
 from distrec.parallel.parallelize import embedding_divergence, parallelize_model, resolve_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.reshard import export_blocks
+from distrec.parallel.sptt_embedding import sptt_embeddings
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
 from distrec.train.checkpoint import find_checkpoint, load_state, read_meta, restore_embeddings, save_checkpoint, save_checkpoint_collectively
@@ -177,9 +178,15 @@ class Trainer:
         # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
         model = build_model(cfg.model, self.dataset.num_dense, stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables, device="cpu")
         if self.distributed:
-            if cfg.parallel.embeddings == "sharded":
+            mode = cfg.parallel.embeddings
+            if cfg.parallel.lookup == "sptt":
+                p = cfg.parallel
+                full = {t.name: model.embeddings.table_weight(t.name).detach() for t in self.tables}
+                model.embeddings = sptt_embeddings(self.tables, full, self.world_size, p.hosts, p.ranks_per_host, p.towers, self.device)
+                self.plan, mode = model.embeddings.plan, "local"  # "local" keeps the module as it is
+            elif mode == "sharded":
                 self.plan = resolve_plan(self.tables, cfg.parallel, self.world_size)
-            self.module = parallelize_model(model, self.tables, cfg.parallel.embeddings, self.plan, self.device)
+            self.module = parallelize_model(model, self.tables, mode, self.plan, self.device)
             self.model = self.module.module
             self.timer.watch_ddp(self.module)
         else:

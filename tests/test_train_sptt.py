@@ -1,0 +1,73 @@
+"""``distrec train --lookup sptt``: the distributed trainer with SPTT equals the single-process run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrec import config
+from distrec.errors import DistrecError
+from distrec.towers.partition import TowerPartition
+from distrec.train.loop import load_trained_model, train
+from multiprocess import run_distributed
+
+STEPS = 18  # crosses an epoch: its last batch of 30 rows splits 8, 8, 7, 7 over 4 ranks
+
+
+def _cfg(root: Path, **parallel) -> config.RunConfig:
+    overrides = [
+        "data.synthetic.rows=1200",
+        "data.synthetic.num_sparse=5",
+        "data.synthetic.table_rows=97",
+        "data.synthetic.pooling_factor=2",
+        f"data.cache_dir={json.dumps(str(root / 'cache'))}",
+        "train.batch_size=70",
+        f"train.max_steps={STEPS}",
+        "train.log_every=1",
+        "train.lr=0.5",
+        *[f"parallel.{k}={json.dumps(v)}" for k, v in parallel.items()],
+    ]
+    return config.load(None, overrides, preset="tiny")
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def _train_rank(rank: int, world_size: int, cfg, out: Path) -> None:
+    train(cfg, out, progress=False)
+
+
+def test_sptt_training_on_2_hosts_x_2_ranks_equals_one_process(tmp_path):
+    single = tmp_path / "single"
+    train(_cfg(tmp_path), single, progress=False)
+    towers = tmp_path / "towers.json"
+    TowerPartition([["C4", "C1", "C3"], ["C2", "C5"]], "coherent", 1.5).save(towers)
+    run = tmp_path / "sptt"
+    run_distributed(_train_rank, 4, _cfg(tmp_path, lookup="sptt", hosts=2, ranks_per_host=2, towers=str(towers)), run)
+    assert _losses(run) == pytest.approx(_losses(single), abs=1e-5)
+    expected, _, _, _ = load_trained_model(single, torch.device("cpu"))
+    got, _, _, meta = load_trained_model(run, torch.device("cpu"))
+    for (name, a), b in zip(expected.state_dict().items(), got.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    plan = json.loads((run / "plan.json").read_text())
+    owner = {p["table"]: p["shards"][0]["rank"] for p in plan["tables"]}
+    assert {owner["C4"], owner["C1"], owner["C3"]} <= {0, 1} and {owner["C2"], owner["C5"]} <= {2, 3}
+    assert meta["world_size"] == 4
+
+
+@pytest.mark.parametrize(
+    "parallel,message",
+    [
+        (dict(lookup="sptt", sharding="row_wise"), "drop --embeddings local, --plan and --sharding"),
+        (dict(lookup="sptt", hosts=2), "both --hosts and --ranks-per-host"),
+        (dict(lookup="ring"), "parallel.lookup"),
+    ],
+)
+def test_sptt_config_errors(tmp_path, parallel, message):
+    with pytest.raises(DistrecError, match=message):
+        _cfg(tmp_path, **parallel)
