@@ -65,7 +65,7 @@ def test_neuroshard_plan_is_written_valid_and_reported(tables_file, cost_models_
     assert all((s.col_end - s.col_start) % 4 == 0 for p in plan.tables for s in p.shards)
     summary = json.loads(printed.splitlines()[-1])
     assert summary["algorithm"] == "neuroshard" and summary["devices"] == 2 and 0 <= summary["cache_hit_rate"] <= 1
-    assert "predicted cost (max over devices)" in printed and "cache hit rate" in printed and printed.count("rank ") == 2
+    assert "predicted cost (max over devices)" in printed and "cache hit rate" in printed and "measured on cpu test cpu" in printed and printed.count("rank ") == 2
 
 
 def test_constraints_are_honoured(tables_file, cost_models_dir, tmp_path):

@@ -40,6 +40,9 @@ def format_report(report: dict) -> str:
         lines.append(f"  predicted cost (max over devices): {report['predicted_max_ms']:.2f} ms")
     if "cache_hit_rate" in report:
         lines.append(f"  cost cache hit rate {report['cache_hit_rate']:.1%} over {report['states_evaluated']} split choices")
+    if "cost_models_hardware" in report:
+        hw = report["cost_models_hardware"]
+        lines.append(f"  cost models measured on {hw.get('device_type')} {hw.get('device_name')} with torch {hw.get('torch')}")
     return "\n".join(lines)
 
 
@@ -103,4 +106,5 @@ def plan_tables(
         costs = cost_models.predictor(devices).placement_costs(device_tables(plan, tables))
         report["predicted_ms"] = {k: v.tolist() for k, v in costs.items()}
         report["predicted_max_ms"] = float(costs["total"].max())
+        report["cost_models_hardware"] = cost_models.hardware
     return plan, report
