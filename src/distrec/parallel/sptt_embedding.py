@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -34,7 +35,7 @@ from torch import nn
 from distrec.data.batch import Batch
 from distrec.parallel.comm import all_to_all
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
 from distrec.parallel.topology import Topology, TopologyGroups
 from distrec.tables import TableConfig
@@ -89,7 +90,11 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return module
 
     def pool_global(self, batch: Batch) -> torch.Tensor:
-        """Steps (a) + (b): this rank's tables pooled for every global sample, ``[B, F_rank, D]``."""
+        """Steps (a) + (b): this rank's tables pooled for every global sample, ``[B, F_rank, D]``.
+
+        Sets ``stats.input_bytes``, ``input_ms`` and ``lookup_ms``.
+        """
+        t0 = time.perf_counter()
         b_local = batch.batch_size
         send_lengths, send_values, nnz = self._send_buffers(batch)
         counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=batch.sparse_values.device)
@@ -101,11 +106,15 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
         )
         recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
+        t1 = time.perf_counter()
         if n_local == 0:  # still a graph node, so this rank joins the backward exchanges
-            return batch.dense.new_zeros(sum(source_batch), 0, self.dim).requires_grad_()
-        pieces = self._lookup(recv_lengths, recv_values, source_batch)
-        pooled = torch.cat([torch.stack(per_unit, dim=1) for per_unit in pieces])
-        return pooled[:, self.column_of_unit]
+            pooled = batch.dense.new_zeros(sum(source_batch), 0, self.dim).requires_grad_()
+        else:
+            pieces = self._lookup(recv_lengths, recv_values, source_batch)
+            pooled = torch.cat([torch.stack(per_unit, dim=1) for per_unit in pieces])[:, self.column_of_unit]
+        sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
+        self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(t1 - t0) * 1e3, lookup_ms=(time.perf_counter() - t1) * 1e3)
+        return pooled
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """``[b, F, D]`` in the global feature order, or ``[b, sum(tower_dims)]`` with a tower module.
@@ -115,15 +124,12 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         """
         largest = torch.tensor([batch.batch_size], device=batch.labels.device)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-        padded = pad_batch(batch, int(largest), len(self.tables))
-        out = sptt_exchange(
-            self.pool_global(padded),
-            self.layout,
-            self.groups,
-            self.tower_module,
-            self.tower_dims,
-            grad_scale=1.0 / self.world_size,
-        )
+        pooled = self.pool_global(pad_batch(batch, int(largest), len(self.tables)))
+        t0 = time.perf_counter()
+        out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, grad_scale=1.0 / self.world_size)
+        # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives in (f)
+        self.stats.output_ms = (time.perf_counter() - t0) * 1e3
+        self.stats.output_bytes = (pooled.numel() + out.numel()) * out.element_size()
         return out[: batch.batch_size]
 
 
