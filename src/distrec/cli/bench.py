@@ -70,6 +70,8 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
     from distrec.train.step import TrainStep
 
     t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
     stream = list(dataset.batches(rows, t.batch_size, shuffle=True, seed=t.seed))
     if len(stream) < 2 * steps:
         raise DistrecError(f"the throughput run needs {2 * steps} mini-batches, the training split has {len(stream)}; lower --train-steps")

@@ -88,49 +88,43 @@ def default_top_k(batches: Sequence[np.ndarray], hot_rows: int) -> int:
     return max(1, min(hot_rows, distinct // 10))
 
 
-def plot_popularity(curve: dict, path: str | Path, title: str) -> None:
-    """Popular-input and hot-lookup fractions versus the hot budget (log scale) as a PNG."""
+def _fraction_plot(lines: list[tuple[Sequence[float], Sequence[float], dict]], xlabel: str, ylabel: str, title: str, path: str | Path) -> None:
+    """Lines ``(x, y, matplotlib style)`` of fractions over a log-scale x axis, saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    mib = np.asarray(curve["budgets_bytes"]) / 2**20
-    for name, style in (("exact", "-"), ("logger", "--")):
-        ax.plot(mib, curve[name]["popular_fraction"], style, color="#48c", marker="o", label=f"popular inputs ({name} counts)")
-        ax.plot(mib, curve[name]["hot_lookup_fraction"], style, color="#c84", marker=".", label=f"lookups served hot ({name} counts)")
+    for x, y, style in lines:
+        ax.plot(x, y, **style)
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("hot budget (MiB)")
-    ax.set_ylabel("fraction")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_popularity(curve: dict, path: str | Path, title: str) -> None:
+    """Popular-input and hot-lookup fractions versus the hot budget (log scale) as a PNG."""
+    mib = np.asarray(curve["budgets_bytes"]) / 2**20
+    lines = []
+    for name, style in (("exact", "-"), ("logger", "--")):
+        c = curve[name]
+        lines.append((mib, c["popular_fraction"], dict(linestyle=style, color="#48c", marker="o", label=f"popular inputs ({name} counts)")))
+        lines.append((mib, c["hot_lookup_fraction"], dict(linestyle=style, color="#c84", marker=".", label=f"lookups served hot ({name} counts)")))
+    _fraction_plot(lines, "hot budget (MiB)", "fraction", title, path)
 
 
 def plot_recall(results: list[dict], k: int, path: str | Path, title: str) -> None:
     """The logger's recall of the true top-``k`` rows versus its memory, one line per sample rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = []
     for rate in sorted({r["sample_rate"] for r in results}):
-        points = sorted((r["logger_bytes"], r["recall"]) for r in results if r["sample_rate"] == rate)
-        ax.plot([p[0] / 2**10 for p in points], [p[1] for p in points], marker="o", label=f"sample rate {rate:g}")
-    ax.set_xscale("log")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("logger memory (KiB)")
-    ax.set_ylabel(f"recall of the top {k} rows")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
+        points = sorted((r["logger_bytes"] / 2**10, r["recall"]) for r in results if r["sample_rate"] == rate)
+        lines.append(([p[0] for p in points], [p[1] for p in points], dict(marker="o", label=f"sample rate {rate:g}")))
+    _fraction_plot(lines, "logger memory (KiB)", f"recall of the top {k} rows", title, path)
