@@ -308,6 +308,7 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
         result["hotline"].update(
             popular_fraction=stats.popular_fraction,
             hot_lookup_fraction=stats.hot_lookup_fraction,
+            prefetch_wait_ms_per_step=1000 * stats.prefetch_wait_seconds / stats.steps,
             **{k: v for k, v in systems[2].hotline.stats().items() if k.endswith("bytes") or k == "hot_rows"},
         )
         return result

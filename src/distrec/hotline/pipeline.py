@@ -17,6 +17,7 @@ move between tiers, and the logger starts a new window, so drifting popularity i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -38,7 +39,8 @@ Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B)
 @dataclass
 class PipelineStats:
     """Counts since training started: mini-batches, samples, popular samples, lookups
-    (indices), lookups of hot rows, re-learnings of the hot set."""
+    (indices), lookups of hot rows, re-learnings of the hot set, and the seconds the step
+    waited for the prefetch worker after the popular micro-batch (cold rows not hidden)."""
 
     steps: int = 0
     samples: int = 0
@@ -46,6 +48,7 @@ class PipelineStats:
     lookups: int = 0
     hot_lookups: int = 0
     relearns: int = 0
+    prefetch_wait_seconds: float = 0.0
 
     @property
     def popular_fraction(self) -> float:
@@ -124,7 +127,9 @@ class HotlinePipeline:
             if popular is not None:
                 loss += backward(popular, normalizer or size)
             if other is not None:
+                waited = time.perf_counter()
                 lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other)
+                self.stats.prefetch_wait_seconds += time.perf_counter() - waited
                 with self.embeddings.prefetched(lookup):
                     loss += backward(other, normalizer or size)
         except BaseException:
