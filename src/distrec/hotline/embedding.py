@@ -29,7 +29,7 @@ from distrec.hotline.hot_set import HotSet, hot_row_bytes
 from distrec.hotline.optim import row_state_floats
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
-from distrec.models.embedding import EmbeddingBagCollection, sample_major_bags
+from distrec.models.embedding import EmbeddingBagCollection, sample_major_bags, sum_by_row
 from distrec.tables import TableConfig
 
 
@@ -52,6 +52,7 @@ class EmbeddingLookup:
     rows: torch.Tensor
 
 
+INT32_MAX = torch.iinfo(torch.int32).max
 WeightInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 weights [end - start, D]
 
 
@@ -152,7 +153,10 @@ class HotlineEmbeddingBagCollection(nn.Module):
         """Gather the rows ``batch`` needs (may run in a worker thread while no step runs)."""
         global_ids = self.space.batch_ids(batch)  # checks every index against its own table
         indices, bag_offsets = sample_major_bags(global_ids, batch.sparse_offsets, self._no_offsets)
+        if self.space.total_rows <= INT32_MAX:  # 32-bit keys sort about twice as fast
+            indices = indices.to(torch.int32)
         ids, inverse = torch.unique(indices, return_inverse=True)
+        ids = ids.long()
         return EmbeddingLookup(batch, ids, inverse, bag_offsets, self.store.gather(ids, width=self.dim))
 
     @contextmanager
@@ -169,7 +173,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
         staged = self._prefetched
         lookup = staged if staged is not None and staged.batch is batch else self.lookup(batch)
         weights = lookup.rows.detach().requires_grad_(torch.is_grad_enabled())
-        pooled = F.embedding_bag(lookup.inverse, weights, lookup.bag_offsets, mode="sum", include_last_offset=True)
+        # a sparse gradient (one entry per lookup) skips embedding_bag's sort-based dense backward
+        pooled = F.embedding_bag(lookup.inverse, weights, lookup.bag_offsets, mode="sum", include_last_offset=True, sparse=True)
         if weights.requires_grad:
             self._pending.append((lookup.ids, weights))
         return pooled.view(batch.batch_size, self.num_features, self.dim)
@@ -184,11 +189,10 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self._pending.clear()
         if not parts:
             return False
-        if len(parts) == 1:
-            ids, grads = parts[0]
-        else:
-            ids, inverse = torch.unique(torch.cat([p[0] for p in parts]), return_inverse=True)
-            grads = torch.zeros(ids.numel(), self.dim, device=self.device).index_add_(0, inverse, torch.cat([p[1] for p in parts]))
+        # every entry of the sparse gradients: (global row, gradient of one lookup)
+        rows = torch.cat([ids[grad._indices()[0]] for ids, grad in parts])
+        values = torch.cat([grad._values() for _, grad in parts])
+        ids, grads = sum_by_row(rows, values, self.space.total_rows)
         self.store.update(ids, grads, rule)
         return True
 
