@@ -74,5 +74,9 @@ def init_from_env(device: torch.device) -> tuple[int, int]:
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 and "MASTER_ADDR" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group(backend_for(device))
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        # The elastic agent's store outlives a restart of the workers; keys of the killed
+        # attempt (its ranks' addresses) must not be read by the next one, or it waits on them.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend_for(device), store=dist.PrefixStore(f"distrec/attempt-{attempt}", store), rank=rank, world_size=world_size)
     return dist.get_rank(), dist.get_world_size()
