@@ -4,7 +4,9 @@ Stages, one module each: ``types`` (vocabulary), ``features`` (table statistics)
 ``table_pool`` (synthetic DLRM tables and tasks), ``indices`` (synthetic index batches),
 ``heuristics`` and ``placement`` (baselines, greedy placement), ``workload`` and ``collect``
 (micro-benchmarks), ``cost_models`` (neural cost models), ``search`` (NeuroShard search),
-``emit`` (ShardingPlan output), ``execute`` (running a plan), ``api`` (``plan_tables``).
+``emit`` (ShardingPlan output), ``execute`` (running a plan), ``api`` (``plan_tables``),
+``table_file`` and ``data_tables`` (tables from a YAML/JSON list or measured from a data set),
+``store`` (where cost data and models live).
 """
 
 from distrec.planner.api import ALGORITHMS, format_report, parse_constraints, plan_tables
