@@ -192,6 +192,14 @@ def test_empty_and_all_malformed_data_sets(capsys, tmp_path):
                           "no valid rows", "skipped 2 malformed row(s)")
 
 
+def test_data_format_from_the_config_file(capsys, tmp_path, synthetic_tsv):
+    config = tmp_path / "criteo.yaml"
+    config.write_text("data:\n  format: criteo\nmodel:\n  preset: tiny\n")
+    status, stdout, _ = run_cli(capsys, "train", "--config", config, "--data", synthetic_tsv, "--max-ind-range", "64",
+                                "--batch-size", "64", "--max-steps", "2", "--out", tmp_path / "run", "--no-progress")
+    assert status == 0 and json.loads(stdout)["train_rows"] == 540
+
+
 def test_bad_config_files(capsys, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [1, 2\n")

@@ -67,6 +67,7 @@ def config_from_args(args: argparse.Namespace):
         value = getattr(args, attr, None)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
-    if getattr(args, "data", None) and getattr(args, "data_format", None) is None:
-        raise DistrecError("--data needs --data-format (criteo, movielens, csv, parquet or synthetic)")
-    return config.load(args.config, overrides, preset=args.preset)
+    cfg = config.load(args.config, overrides, preset=args.preset)
+    if getattr(args, "data", None) and getattr(args, "data_format", None) is None and cfg.data.format == "synthetic":
+        raise DistrecError("--data needs --data-format (criteo, movielens, csv or parquet), or a --config that sets data.format")
+    return cfg
