@@ -37,9 +37,9 @@ the ``*_with_reclaim`` figures add it to every step (a worst case; the emulation
 ``mincore`` scan of the whole file is part of it).
 
 Measurement. The machine is shared (other jobs come and go), so the three systems are
-built side by side and stepped in turn on each mini-batch (in a random order each round,
-the round's page reclaim after all three steps), and each system's median step time gives
-its samples/s. Every system computes with one thread
+built side by side and take turns, ``--block-steps`` consecutive steps each, in a random
+order every round (so every system sees the same load periods, and none runs while another
+one's disk writes are in flight); each system's median step time gives its samples/s. Every system computes with one thread
 (``--threads``): with two, torch's OpenMP regions ran 5-25x slower whenever other
 processes held the cores; Hotline's prefetch worker is its own thread.
 
@@ -119,6 +119,7 @@ class Setup:
     learn_steps: int = 200  # sampled mini-batches of the learning phase (4000 steps at 5%)
     warmup_steps: int = 3
     timed_steps: int = 30
+    block_steps: int = 5  # the systems take turns at this many consecutive steps
     threads: int = 1  # compute threads of every system (Hotline's prefetch worker is one more)
     seed: int = 1234
 
@@ -296,13 +297,12 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
     with ExitStack() as stack:
         systems = [in_memory(setup, tables), slow_tier(setup, tables, out, stack), hotline(setup, tables, learn, out, stack)]
         order = np.random.default_rng(setup.seed)
-        for i, batch in enumerate(batches):
-            record = i >= setup.warmup_steps
-            turn = [systems[k] for k in order.permutation(len(systems))]  # no system always follows another
-            for system in turn:
-                system.run(batch, record)
-            for system in turn:  # the round's page reclaim, after every step of it
-                system.reclaim(record)
+        for start in range(0, len(batches), setup.block_steps):
+            for k in order.permutation(len(systems)):  # no system always follows another
+                for i in range(start, min(start + setup.block_steps, len(batches))):
+                    record = i >= setup.warmup_steps
+                    systems[k].run(batches[i], record)
+                    systems[k].reclaim(record)
         result = {s.name: s.figures(setup.batch_size) for s in systems}
         stats = systems[2].hotline.pipeline.stats
         result["hotline"].update(
