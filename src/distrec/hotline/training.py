@@ -49,6 +49,12 @@ HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast t
 LOGGER_FILE = "hotline-logger.npz"
 
 
+def check_world_size(world_size: int) -> None:
+    """Raise DistrecError when Hotline is asked to train over several processes."""
+    if world_size > 1:
+        raise DistrecError("distributed Hotline is not supported yet; train with --hotline in one process (without --nproc-per-node)")
+
+
 def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
     """One-row copies of ``tables``: build the model with them (its dense layers do not
     depend on table sizes) and pass the real ``tables`` to HotlineTraining, so no

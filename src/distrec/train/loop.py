@@ -28,7 +28,7 @@ from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.training import HotlineTraining, load_into_model, stand_in_tables
+from distrec.hotline.training import HotlineTraining, check_world_size, load_into_model, stand_in_tables
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.parallel.comm import init_from_env
@@ -172,8 +172,8 @@ class Trainer:
         self.timer = StepTimer(self.device)
         self.plan: ShardingPlan | None = None
         self.hotline: HotlineTraining | None = None
-        if cfg.hotline.enabled and self.distributed:
-            raise DistrecError("distributed Hotline is not supported yet; train with --hotline in one process (without --nproc-per-node)")
+        if cfg.hotline.enabled:
+            check_world_size(self.world_size)
         # built on the host so that every rank draws the same initial weights in any setup;
         # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
         model = build_model(cfg.model, self.dataset.num_dense, stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables, device="cpu")
@@ -442,6 +442,8 @@ def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     Raises DistrecError for anything a worker would reject (bad data, empty split, a plan
     that does not fit the tables, the world size or the memory limit).
     """
+    if cfg.hotline.enabled:
+        check_world_size(world_size)
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
     split_rows(dataset, cfg)
     if world_size > 1 and cfg.parallel.embeddings == "sharded":
