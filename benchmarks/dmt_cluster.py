@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -526,10 +527,10 @@ def plot(summary: dict, path: Path) -> None:
     ax.bar(x + 0.2, [summary["schemes"][n]["embedding_ms"] for n in names], 0.4, label="embedding (fwd+bwd)")
     ax.set_xticks(x, names)
     ax.set_ylabel("ms per iteration (median)")
-    ax.set_title(f"{summary['hosts']} hosts x {summary['ranks_per_host']} ranks, {summary['bandwidth']}, {summary['latency_ms']} ms")
+    delay = f"{summary['latency_ms']} ms" if summary["latency_emulated"] else "no added delay"
+    link = f"{summary['bandwidth']}, {delay}" if summary["netns"] else "one machine, loopback"
+    ax.set_title(f"{summary['hosts']} hosts x {summary['ranks_per_host']} ranks, {link}")
     ax.legend()
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     atomic_write_bytes(path, buffer.getvalue())
