@@ -8,7 +8,9 @@ import torch
 
 from distrec.errors import DistrecError
 from distrec.planner.cost_models import CostModels, train_cost_models
+from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.table_pool import make_table_pool
+from distrec.planner.types import TableSpec
 
 HARDWARE = {"kind": "hardware", "torch": "x", "cpu": "test cpu", "device_type": "cpu", "device_name": "test cpu", "world_sizes": [2]}
 
@@ -78,3 +80,18 @@ def test_wrong_format_and_mixed_hardware_are_user_errors(tmp_path):
     (tmp_path / "junk.jsonl").write_text("not json\n")
     with pytest.raises(DistrecError, match="line 1"):
         train_cost_models(tmp_path / "junk.jsonl", verbose=False)
+
+
+def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
+    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 60, 30), seed=0, epochs=5, verbose=False)
+    predictor = models.predictor(2)
+    column = TABLE_FEATURE_NAMES.index("pooling_factor")
+    edge = float(models.compute.input_high[column])
+    table = make_table_pool(seed=0).table(0, 16, "t")
+    at_edge, beyond = (TableSpec(t.name, t.num_rows, t.dim, p, t.histogram) for t, p in ((table, edge), (table, 100 * edge)))
+    assert predictor.embed([beyond]) == pytest.approx(predictor.embed([at_edge]))
+    features = torch.from_numpy(feature_matrix([at_edge, beyond]))
+    torch_ms = models.compute(features, torch.tensor([0, 1]), 2).detach().numpy()
+    assert torch_ms[0] == pytest.approx(torch_ms[1]) and torch_ms[0] == pytest.approx(predictor.device_compute(predictor.embed([at_edge]))[0], rel=1e-5)
+    high_dims = predictor.plan_costs(np.zeros(2), np.array([600.0, 600.0]))["bw_comm"]  # the data's dims stay below 600
+    assert predictor.plan_costs(np.zeros(2), np.array([6000.0, 6000.0]))["bw_comm"] == pytest.approx(high_dims)

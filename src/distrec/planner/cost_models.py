@@ -32,7 +32,7 @@ from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.launch import intra_op_threads
 from distrec.planner.types import TableSpec
 
-COST_MODEL_FORMAT = 1
+COST_MODEL_FORMAT = 2
 TABLE_MLP = (128, 32)
 HEAD_MLP = (64,)
 COMM_MLP = (128, 64, 32, 16)
@@ -49,21 +49,31 @@ def _mlp(sizes: Iterable[int], final_relu: bool) -> nn.Sequential:
 
 
 class _Standardised(nn.Module):
-    """Inputs standardised with training statistics, outputs in units of ``target_scale`` ms."""
+    """Inputs standardised with training statistics, outputs in units of ``target_scale`` ms.
+
+    Inputs are first clamped to the range seen in training: an MLP extrapolates linearly and
+    without bound, so one table with a feature far outside the training data (a histogram
+    with mass in a bin no sample had) would otherwise get an absurd cost and mislead the
+    search; at the edge of the data the prediction stays at the edge.
+    """
 
     def __init__(self, num_inputs: int) -> None:
         super().__init__()
         self.register_buffer("input_mean", torch.zeros(num_inputs))
         self.register_buffer("input_std", torch.ones(num_inputs))
+        self.register_buffer("input_low", torch.full((num_inputs,), -torch.inf))
+        self.register_buffer("input_high", torch.full((num_inputs,), torch.inf))
         self.register_buffer("target_scale", torch.ones(()))
 
     def set_statistics(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.input_mean.copy_(inputs.mean(dim=0))
         self.input_std.copy_(inputs.std(dim=0).nan_to_num(0.0) + 1e-6)
+        self.input_low.copy_(inputs.min(dim=0).values)
+        self.input_high.copy_(inputs.max(dim=0).values)
         self.target_scale.copy_(targets.abs().mean().clamp_min(1e-6))
 
     def standardise(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.input_mean) / self.input_std
+        return (torch.clamp(x, self.input_low, self.input_high) - self.input_mean) / self.input_std
 
 
 class ComputeCostNet(_Standardised):
@@ -182,8 +192,15 @@ def _run_numpy(layers: list[tuple[np.ndarray, np.ndarray, bool]], x: np.ndarray)
     return x
 
 
-def _statistics(net: _Standardised) -> tuple[np.ndarray, np.ndarray, float]:
-    return net.input_mean.double().numpy(), net.input_std.double().numpy(), float(net.target_scale)
+class _Scaling:
+    """A net's input statistics and output scale as NumPy arrays (see ``_Standardised``)."""
+
+    def __init__(self, net: _Standardised) -> None:
+        self.mean, self.std, self.low, self.high = (b.double().numpy() for b in (net.input_mean, net.input_std, net.input_low, net.input_high))
+        self.target_scale = float(net.target_scale)
+
+    def standardise(self, x: np.ndarray) -> np.ndarray:
+        return (np.clip(x, self.low, self.high) - self.mean) / self.std
 
 
 class CostPredictor:
@@ -196,26 +213,25 @@ class CostPredictor:
     def __init__(self, compute: ComputeCostNet, fw: CommCostNet, bw: CommCostNet) -> None:
         self._table_layers = _numpy_layers(compute.table_mlp)
         self._head_layers = _numpy_layers(compute.head)
-        self._compute_stats = _statistics(compute)
-        self._fw_layers, self._fw_stats = _numpy_layers(fw.mlp), _statistics(fw)
-        self._bw_layers, self._bw_stats = _numpy_layers(bw.mlp), _statistics(bw)
+        self._compute_scaling = _Scaling(compute)
+        self._fw_layers, self._fw_scaling = _numpy_layers(fw.mlp), _Scaling(fw)
+        self._bw_layers, self._bw_scaling = _numpy_layers(bw.mlp), _Scaling(bw)
 
     def embed(self, tables: list[TableSpec]) -> np.ndarray:
         """float64 [n, 32] embeddings of tables (or column shards, as tables of their width)."""
-        mean, std, _ = self._compute_stats
-        return _run_numpy(self._table_layers, (feature_matrix(tables).astype(np.float64) - mean) / std)
+        return _run_numpy(self._table_layers, self._compute_scaling.standardise(feature_matrix(tables).astype(np.float64)))
 
     def device_compute(self, summed_embeddings: np.ndarray) -> np.ndarray:
         """Predicted lookup time (ms) of devices from their summed embeddings [..., 32]."""
-        return _run_numpy(self._head_layers, np.atleast_2d(summed_embeddings))[:, 0] * self._compute_stats[2]
+        return _run_numpy(self._head_layers, np.atleast_2d(summed_embeddings))[:, 0] * self._compute_scaling.target_scale
 
     def plan_costs(self, compute_ms: np.ndarray, dim_sums: np.ndarray) -> dict[str, np.ndarray]:
         """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
         compute_ms = np.asarray(compute_ms, dtype=np.float64)
         dims = np.asarray(dim_sums, dtype=np.float64)
-        bw = self._comm(self._bw_layers, self._bw_stats, dims)
+        bw = self._comm(self._bw_layers, self._bw_scaling, dims)
         ready = compute_ms + bw
-        fw = self._comm(self._fw_layers, self._fw_stats, np.concatenate([dims, ready - ready.min()]))
+        fw = self._comm(self._fw_layers, self._fw_scaling, np.concatenate([dims, ready - ready.min()]))
         return {"compute": compute_ms, "bw_comm": bw, "fw_comm": fw, "total": compute_ms + bw + fw}
 
     def placement_costs(self, device_tables: list[list[TableSpec]]) -> dict[str, np.ndarray]:
@@ -226,9 +242,8 @@ class CostPredictor:
         return self.plan_costs(compute, np.array([sum(t.dim for t in ts) for ts in device_tables]))
 
     @staticmethod
-    def _comm(layers, stats, x: np.ndarray) -> np.ndarray:
-        mean, std, scale = stats
-        return _run_numpy(layers, ((x - mean) / std)[None, :])[0] * scale
+    def _comm(layers, scaling: _Scaling, x: np.ndarray) -> np.ndarray:
+        return _run_numpy(layers, scaling.standardise(x)[None, :])[0] * scaling.target_scale
 
 
 # ----------------------------------------------------------------------------- training
