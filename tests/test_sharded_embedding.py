@@ -20,7 +20,9 @@ def _plan(kind: str, world: int) -> ShardingPlan:
     placements = []
     for i, t in enumerate(TABLES):
         k = kind if kind != "mixed" else ["table_wise", "column_wise", "row_wise", "data_parallel", "table_wise"][i]
-        if k == "table_wise":
+        if k == "rank_zero":  # every table on rank 0: the other ranks only send and receive
+            k, shards = "table_wise", [Shard(0, 0, t.num_rows, 0, t.dim)]
+        elif k == "table_wise":
             shards = [Shard(i % world, 0, t.num_rows, 0, t.dim)]
         elif k == "column_wise":
             cuts = [0, 4, 6, 8] if world > 2 else [0, 4, 8]
@@ -89,7 +91,7 @@ def _check_rank(rank: int, world: int, kind: str, batch_size: int) -> None:
         torch.testing.assert_close(p.grad.to_dense(), ref_grads[TABLES[i].name], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed"])
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed", "rank_zero"])
 def test_two_ranks_match_plain_embedding_bags(kind):
     run_distributed(_check_rank, 2, kind, 10)
 

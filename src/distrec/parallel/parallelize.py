@@ -67,6 +67,7 @@ def parallelize_model(
     plan: ShardingPlan | None,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    embeddings: nn.Module | None = None,
 ) -> DistributedDataParallel:
     """Shard (or keep local) the embeddings of ``model``, move it to ``device``, wrap it in DDP.
 
@@ -78,13 +79,17 @@ def parallelize_model(
         plan: the ShardingPlan for ``sharded``.
         device: this rank's device (its CUDA device under NCCL).
         group: the process group (default: the world).
+        embeddings: an already distributed embedding module to use instead of sharding by
+            ``plan`` (e.g. SPTT's, which shards by tower).
 
     Returns:
         The DDP-wrapped model; ``.module`` is the model itself, whose ``embeddings`` are sharded.
     """
     if mode not in EMBEDDING_MODES:
         raise DistrecError(f"parallel.embeddings is {mode!r}; choose one of: {', '.join(EMBEDDING_MODES)}")
-    if mode == "sharded":
+    if embeddings is not None:
+        model.embeddings = embeddings
+    elif mode == "sharded":
         if plan is None:
             raise DistrecError("sharded embeddings need a sharding plan; pass --plan, --sharding or let the greedy planner make one")
         full = {t.name: model.embeddings.table_weight(t.name).detach() for t in tables}

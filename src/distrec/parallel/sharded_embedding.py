@@ -174,12 +174,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
             nnz.append(int(send_values[-1].numel()))
         return send_lengths, send_values, nnz
 
-    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:
-        """Pool received bags (ordered source, unit, sample); returns pieces[source][unit] of [B_s, width]."""
+    def _pool(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[torch.Tensor]:
+        """Pool received bags (ordered source, unit, sample) with one ``embedding_bag`` per width group.
+
+        Returns, per width group, its bags' vectors in (source, unit, sample) order,
+        [bags of the group, width] (sparse gradients for the fused weights).
+        """
         n_local = len(self.local_units)
-        pieces: list[list[torch.Tensor]] = [[None] * n_local for _ in range(self.world_size)]  # type: ignore[list-item]
-        if n_local == 0:
-            return pieces
         device = values.device
         # unit index and source of every received bag
         unit_of_bag = torch.cat(
@@ -201,60 +202,88 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 g_lengths = lengths[bag_mask]
                 g_offsets = torch.cumsum(g_lengths, 0) - g_lengths
             pooled_by_group.append(F.embedding_bag(g_rows, weight, g_offsets, mode="sum", sparse=True))
-        cursor = [0] * len(self.weights)
-        for s, b in enumerate(source_batch):
+        return pooled_by_group
+
+    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:
+        """Pool received bags (ordered source, unit, sample); returns pieces[source][unit] of [B_s, width].
+
+        The pieces come from one ``split`` per width group, whose backward assembles the
+        gradient in one pass (slicing piece by piece would zero-fill the whole gradient once
+        per piece).
+        """
+        n_local = len(self.local_units)
+        pieces: list[list[torch.Tensor]] = [[None] * n_local for _ in range(self.world_size)]  # type: ignore[list-item]
+        if n_local == 0:
+            return pieces
+        chunks = [
+            iter(pooled.split([b for b in source_batch for g_unit in self.unit_group if g_unit == g]))
+            for g, pooled in enumerate(self._pool(lengths, values, source_batch))
+        ]
+        for s in range(self.world_size):
             for k in range(n_local):
-                g = self.unit_group[k]
-                pieces[s][k] = pooled_by_group[g][cursor[g] : cursor[g] + b]
-                cursor[g] += b
+                pieces[s][k] = next(chunks[self.unit_group[k]])
         return pieces
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
+    def exchange_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Step 1, the input all-to-all: the bags every rank sends to this rank's shards.
+
+        Returns the received bag lengths and indices (local rows), ordered (source, unit,
+        sample), and each source's batch size. Sets ``stats`` to a fresh ExchangeStats with
+        ``input_bytes`` and ``input_ms``.
+        """
         t0 = time.perf_counter()
         b_local = batch.batch_size
         send_lengths, send_values, nnz = self._send_buffers(batch)
         device = batch.sparse_values.device
         # splits exchange: (batch size, index count) for every pair of ranks
         counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=device)
-        recv_counts = all_to_all(counts, [1] * self.world_size, [1] * self.world_size, self.group).tolist()
+        ones = [1] * self.world_size
+        recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
         source_batch = [int(c[0]) for c in recv_counts]
         n_local = len(self.local_units)
         recv_lengths = all_to_all(
             torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
         )
         recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
+        sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
+        self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(time.perf_counter() - t0) * 1e3)
+        return recv_lengths, recv_values, source_batch
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
+        b_local = batch.batch_size
+        recv_lengths, recv_values, source_batch = self.exchange_inputs(batch)
         t1 = time.perf_counter()
-        pieces = self._lookup(recv_lengths, recv_values, source_batch)
-        send = [torch.cat([p.reshape(-1) for p in pieces[s]]) if n_local else batch.dense.new_zeros(0) for s in range(self.world_size)]
+        n_local = len(self.local_units)
+        width = sum(u.width for u in self.local_units)
+        send_splits = [b * width for b in source_batch]
+        if n_local == 0:  # still a graph node, so that this rank joins the backward exchange
+            send = batch.dense.new_zeros(0).requires_grad_()
+        elif len(self.weights) == 1:  # already in (source, unit, sample) order
+            send = self._pool(recv_lengths, recv_values, source_batch)[0].reshape(-1)
+        else:
+            pieces = self._lookup(recv_lengths, recv_values, source_batch)
+            send = torch.cat([p.reshape(-1) for per_source in pieces for p in per_source])
         t2 = time.perf_counter()
         recv = differentiable_all_to_all(
-            torch.cat(send),
+            send,
             [b_local * sum(u.width for u in units) for units in self.units_on],
-            [t.numel() for t in send],
+            send_splits,
             self.group,
             grad_scale=1.0 / self.world_size,
         )
         t3 = time.perf_counter()
-        out = self._assemble(recv, b_local, batch)
-        self.stats = ExchangeStats(
-            input_bytes=sum(t.numel() for t in send_lengths) * 8 + sum(nnz) * 8 + counts.numel() * 8,
-            output_bytes=sum(t.numel() for t in send) * send[0].element_size() if send else 0,
-            input_ms=(t1 - t0) * 1e3,
-            lookup_ms=(t2 - t1) * 1e3,
-            output_ms=(t3 - t2) * 1e3,
-        )
-        return out
+        self.stats.output_bytes = send.numel() * send.element_size()
+        self.stats.lookup_ms = (t2 - t1) * 1e3
+        self.stats.output_ms = (t3 - t2) * 1e3
+        return self._assemble(recv, b_local, batch)
 
     def _assemble(self, recv: torch.Tensor, b_local: int, batch: Batch) -> torch.Tensor:
         """Place received blocks (and local replicas) into [B_local, F, D]."""
-        blocks: dict[int, list[tuple[LookupUnit, torch.Tensor]]] = defaultdict(list)
-        pos = 0
-        for units in self.units_on:
-            for u in units:
-                n = b_local * u.width
-                blocks[u.feature].append((u, recv[pos : pos + n].view(b_local, u.width)))
-                pos += n
+        blocks: dict[int, list[tuple[LookupUnit | None, torch.Tensor]]] = defaultdict(list)
+        received = recv.split([b_local * u.width for u in self.units])
+        for u, block in zip(self.units, received):
+            blocks[u.feature].append((u, block.view(b_local, u.width)))
         lengths = batch.lengths()
         for p, i in zip(self.replicas, self.replicated):
             vals = batch.feature_values(i)

@@ -33,9 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from distrec.data.batch import Batch
-from distrec.parallel.comm import all_to_all
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
-from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
 from distrec.parallel.topology import Topology, TopologyGroups
 from distrec.tables import TableConfig
@@ -94,26 +93,15 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
         Sets ``stats.input_bytes``, ``input_ms`` and ``lookup_ms``.
         """
-        t0 = time.perf_counter()
-        b_local = batch.batch_size
-        send_lengths, send_values, nnz = self._send_buffers(batch)
-        counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=batch.sparse_values.device)
-        ones = [1] * self.world_size
-        recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
-        source_batch = [int(c[0]) for c in recv_counts]
-        n_local = len(self.local_units)
-        recv_lengths = all_to_all(
-            torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
-        )
-        recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
+        recv_lengths, recv_values, source_batch = self.exchange_inputs(batch)
         t1 = time.perf_counter()
+        n_local = len(self.local_units)
         if n_local == 0:  # still a graph node, so this rank joins the backward exchanges
             pooled = batch.dense.new_zeros(sum(source_batch), 0, self.dim).requires_grad_()
         else:
             pieces = self._lookup(recv_lengths, recv_values, source_batch)
             pooled = torch.cat([torch.stack(per_unit, dim=1) for per_unit in pieces])[:, self.column_of_unit]
-        sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
-        self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(t1 - t0) * 1e3, lookup_ms=(time.perf_counter() - t1) * 1e3)
+        self.stats.lookup_ms = (time.perf_counter() - t1) * 1e3
         return pooled
 
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -178,15 +178,15 @@ class Trainer:
         # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
         model = build_model(cfg.model, self.dataset.num_dense, stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables, device="cpu")
         if self.distributed:
-            mode = cfg.parallel.embeddings
-            if cfg.parallel.lookup == "sptt":
-                p = cfg.parallel
+            p = cfg.parallel
+            embeddings = None
+            if p.lookup == "sptt":
                 full = {t.name: model.embeddings.table_weight(t.name).detach() for t in self.tables}
-                model.embeddings = sptt_embeddings(self.tables, full, self.world_size, p.hosts, p.ranks_per_host, p.towers, self.device)
-                self.plan, mode = model.embeddings.plan, "local"  # "local" keeps the module as it is
-            elif mode == "sharded":
-                self.plan = resolve_plan(self.tables, cfg.parallel, self.world_size)
-            self.module = parallelize_model(model, self.tables, mode, self.plan, self.device)
+                embeddings = sptt_embeddings(self.tables, full, self.world_size, p.hosts, p.ranks_per_host, p.towers, self.device)
+                self.plan = embeddings.plan
+            elif p.embeddings == "sharded":
+                self.plan = resolve_plan(self.tables, p, self.world_size)
+            self.module = parallelize_model(model, self.tables, p.embeddings, self.plan, self.device, embeddings=embeddings)
             self.model = self.module.module
             self.timer.watch_ddp(self.module)
         else:
