@@ -46,6 +46,23 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def read_json(path: str | Path, what: str, missing_fix: str, invalid_fix: str) -> object:
+    """The JSON document at ``path``; DistrecError naming ``what`` it should be and the fix.
+
+    Example:
+        >>> read_json("plan.json", "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'")
+    """
+    from distrec.errors import DistrecError
+
+    p = Path(path)
+    if not p.is_file():
+        raise DistrecError(f"{what} {str(p)!r} not found; {missing_fix}")
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DistrecError(f"{what} {str(p)!r} is not valid JSON ({e}); {invalid_fix}") from None
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 

@@ -17,9 +17,9 @@ import torch
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import FLOAT_BYTES
-from distrec.io import atomic_write_text
+from distrec.io import atomic_write_text, read_json
 from distrec.tables import TableConfig
 
 INDEX_BYTES_PER_ROW = 8  # the row's int64 global id in the fast tier's sorted id array
@@ -98,14 +98,7 @@ class HotSet:
     @classmethod
     def load(cls, path: str | Path, tables: list[TableConfig] | None = None) -> HotSet:
         """Read a saved hot set, checked against ``tables`` when given."""
-        p = Path(path)
-        if not p.is_file():
-            raise DistrecError(f"hot set {str(p)!r} not found; check the path or relearn it")
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise DistrecError(f"hot set {str(p)!r} is not valid JSON ({e}); relearn it") from None
-        hot = cls.from_dict(d)
+        hot = cls.from_dict(read_json(path, "hot set", "check the path or relearn it", "relearn it"))
         if tables is not None:
             hot.check(RowSpace.from_tables(tables))
         return hot

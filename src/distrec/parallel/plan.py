@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrec.errors import DistrecError
-from distrec.io import atomic_write_json
+from distrec.io import atomic_write_json, read_json
 from distrec.tables import TableConfig
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
@@ -89,14 +88,7 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
-        p = Path(path)
-        if not p.is_file():
-            raise DistrecError(f"sharding plan {str(p)!r} not found; check the --plan path")
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise DistrecError(f"sharding plan {str(p)!r} is not valid JSON ({e}); regenerate it with 'distrec plan'") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'"))
 
     def validate(self, tables: list[TableConfig], memory_per_rank: int | None = None) -> None:
         """Check the plan covers exactly these tables on ranks < world_size (bytes limit optional)."""

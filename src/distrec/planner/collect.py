@@ -214,7 +214,7 @@ def time_all_to_alls(dim_sums: list[int], delay_ms: float, batch_size: int, devi
     ``communication_step``; the forward time runs from this rank's delayed start, so it
     includes waiting for later ranks.
     """
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     pooled = torch.randn(batch_size, dim_sums[rank], device=device)
     times = []
     for _ in range(warmup + repeats):

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -31,7 +30,7 @@ import torch
 from k_means_constrained import KMeansConstrained
 
 from distrec.errors import DistrecError
-from distrec.io import atomic_write_bytes, atomic_write_json
+from distrec.io import atomic_write_bytes, atomic_write_json, read_json
 
 STRATEGIES = ("coherent", "diverse", "naive")
 
@@ -114,18 +113,9 @@ class TowerPartition:
 
     @classmethod
     def load(cls, path: str | Path) -> TowerPartition:
-        p = Path(path)
-        if not p.is_file():
-            raise DistrecError(
-                f"tower partition {str(p)!r} not found; check the --towers path or run 'distrec partition'"
-            )
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise DistrecError(
-                f"tower partition {str(p)!r} is not valid JSON ({e}); regenerate it with 'distrec partition'"
-            ) from None
-        return cls.from_dict(d)
+        return cls.from_dict(
+            read_json(path, "tower partition", "check the --towers path or run 'distrec partition'", "regenerate it with 'distrec partition'")
+        )
 
 
 def interaction_matrix(pooled: torch.Tensor) -> torch.Tensor:
