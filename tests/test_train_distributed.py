@@ -22,36 +22,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrec import config
 from distrec.cli import main
 from distrec.data import Dataset, prepare
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.train.loop import Trainer, load_trained_model, train
 from multiprocess import run_distributed
+from tiny_runs import TINY_DATA, tiny_config, train_losses, train_on_rank
 
 STEPS = 9  # 16 steps make an epoch of 1080 training rows, so two runs of STEPS cross into the next
 
 
 def _cfg(cache: Path, steps: int = STEPS, **parallel: str):
-    overrides = [
-        "data.synthetic.rows=1200",
-        "data.synthetic.num_sparse=5",
-        "data.synthetic.table_rows=97",
-        "data.synthetic.pooling_factor=2",
-        f"data.cache_dir={json.dumps(str(cache))}",
-        "train.batch_size=70",  # the last batch of an epoch is short (30 rows: 8, 8, 7, 7 on 4 ranks)
-        f"train.max_steps={steps}",
-        "train.log_every=1",
-        "train.lr=0.5",
-        *[f"parallel.{k}={json.dumps(v)}" for k, v in parallel.items()],
-    ]
-    return config.load(None, overrides, preset="tiny")
-
-
-def _losses(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r["split"] == "train"]
+    return tiny_config(cache, steps, **parallel)
 
 
 def _parameters(run: Path) -> dict[str, torch.Tensor]:
@@ -96,10 +79,6 @@ def _mixed_plan(cache: Path, world_size: int, path: Path) -> Path:
     return path
 
 
-def _train_rank(rank: int, world_size: int, cfg, out: Path, resume: bool = False) -> None:
-    train(cfg, out, resume=resume, progress=False)
-
-
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("sharding", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed"])
 def test_sharded_training_equals_single_process(cache, reference_half, tmp_path, sharding, world_size):
@@ -107,8 +86,8 @@ def test_sharded_training_equals_single_process(cache, reference_half, tmp_path,
         cfg = _cfg(cache, plan=str(_mixed_plan(cache, world_size, tmp_path / "plan.json")))
     else:
         cfg = _cfg(cache, sharding=sharding)
-    run_distributed(_train_rank, world_size, cfg, tmp_path / "run")
-    assert _losses(tmp_path / "run") == pytest.approx(_losses(reference_half), abs=1e-5)
+    run_distributed(train_on_rank, world_size, cfg, tmp_path / "run")
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
     _assert_same_parameters(_parameters(tmp_path / "run"), _parameters(reference_half))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == world_size and summary["embeddings"] == "sharded"
@@ -119,10 +98,10 @@ def test_sharded_training_equals_single_process(cache, reference_half, tmp_path,
 def test_resume_and_reshard_continue_the_same_trajectory(cache, reference, tmp_path):
     """2 ranks column-wise for half the steps, then 4 ranks row-wise: the single-process run."""
     out = tmp_path / "run"
-    run_distributed(_train_rank, 2, _cfg(cache, steps=STEPS, sharding="column_wise"), out)
+    run_distributed(train_on_rank, 2, _cfg(cache, steps=STEPS, sharding="column_wise"), out)
     resumed = _cfg(cache, steps=2 * STEPS, sharding="row_wise")
-    run_distributed(_train_rank, 4, resumed, out, True)
-    assert _losses(out) == pytest.approx(_losses(reference), abs=1e-5)
+    run_distributed(train_on_rank, 4, resumed, out, True)
+    assert train_losses(out) == pytest.approx(train_losses(reference), abs=1e-5)
     _assert_same_parameters(_parameters(out), _parameters(reference))
     meta = json.loads((out / "checkpoint" / "meta.json").read_text())
     assert meta["world_size"] == 4 and meta["step"] == 2 * STEPS
@@ -131,7 +110,7 @@ def test_resume_and_reshard_continue_the_same_trajectory(cache, reference, tmp_p
 def test_single_process_checkpoint_reshards_onto_two_ranks(cache, reference, tmp_path):
     out = tmp_path / "run"
     train(_cfg(cache, steps=STEPS), out, progress=False)
-    run_distributed(_train_rank, 2, _cfg(cache, steps=2 * STEPS, sharding="row_wise"), out, True)
+    run_distributed(train_on_rank, 2, _cfg(cache, steps=2 * STEPS, sharding="row_wise"), out, True)
     _assert_same_parameters(_parameters(out), _parameters(reference))
 
 
@@ -157,7 +136,7 @@ def test_local_embeddings_share_dense_layers_and_diverge_in_tables(cache, tmp_pa
 
 
 def test_breakdown_is_written_and_plotted(cache, tmp_path):
-    run_distributed(_train_rank, 2, _cfg(cache, sharding="row_wise"), tmp_path / "run")
+    run_distributed(train_on_rank, 2, _cfg(cache, sharding="row_wise"), tmp_path / "run")
     breakdown = json.loads((tmp_path / "run" / "breakdown.json").read_text())
     components = breakdown["components"]
     for name in ("input_all_to_all", "lookup", "output_all_to_all", "dense_forward", "backward", "gradient_all_reduce", "optimizer"):
@@ -171,9 +150,8 @@ def test_breakdown_is_written_and_plotted(cache, tmp_path):
 def test_bad_plans_and_world_sizes_are_one_clear_error_before_launch(cache, tmp_path, capsys):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"world_size": 2, "tables": [{"table": "nope", "sharding": "table_wise", "shards": [{"rank": 0, "row_start": 0, "row_end": 5, "col_start": 0, "col_end": 8}]}]}))
-    common = ["train", "--preset", "tiny", "--cache-dir", str(cache), "--no-progress", "--out", str(tmp_path / "run"),
-              "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.num_sparse=5", "--set", "data.synthetic.table_rows=97",
-              "--set", "data.synthetic.pooling_factor=2"]
+    common = ["train", "--preset", "tiny", "--cache-dir", str(cache), "--no-progress", "--out", str(tmp_path / "run")]
+    common += [arg for item in TINY_DATA for arg in ("--set", item)]
     for extra, message in [
         (["--nproc-per-node", "2", "--plan", str(plan)], "does not match the model's tables"),
         (["--nproc-per-node", "3", "--plan", str(plan)], "is for 2 ranks but 3 are running"),
@@ -207,8 +185,7 @@ def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cach
     steps = 200
     command = [sys.executable, "-m", "distrec", "train", "--preset", "tiny", "--max-steps", str(steps), "--no-progress",
                "--cache-dir", str(cache), "--nproc-per-node", "2", "--sharding", "row_wise"]
-    for item in ["data.synthetic.rows=1200", "data.synthetic.num_sparse=5", "data.synthetic.table_rows=97", "data.synthetic.pooling_factor=2",
-                 "train.batch_size=70", "train.lr=0.5", "train.checkpoint_every=10", "train.log_every=1"]:
+    for item in [*TINY_DATA, "train.checkpoint_every=10", "train.log_every=1"]:
         command += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = tmp_path / "reference"
@@ -225,5 +202,5 @@ def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cach
     assert launcher.returncode == 0, stderr
     assert "failed (exitcode: -9)" in stderr  # the launcher saw the kill and restarted the group
     assert json.loads(stdout.strip().splitlines()[-1])["steps"] == steps
-    assert _losses(out) == pytest.approx(_losses(reference), abs=1e-6)
+    assert train_losses(out) == pytest.approx(train_losses(reference), abs=1e-6)
     _assert_same_parameters(_parameters(out), _parameters(reference))

@@ -13,33 +13,13 @@ from distrec.errors import DistrecError
 from distrec.towers.partition import TowerPartition
 from distrec.train.loop import load_trained_model, train
 from multiprocess import run_distributed
+from tiny_runs import tiny_config, train_losses, train_on_rank
 
 STEPS = 18  # crosses an epoch: its last batch of 30 rows splits 8, 8, 7, 7 over 4 ranks
 
 
 def _cfg(root: Path, **parallel) -> config.RunConfig:
-    overrides = [
-        "data.synthetic.rows=1200",
-        "data.synthetic.num_sparse=5",
-        "data.synthetic.table_rows=97",
-        "data.synthetic.pooling_factor=2",
-        f"data.cache_dir={json.dumps(str(root / 'cache'))}",
-        "train.batch_size=70",
-        f"train.max_steps={STEPS}",
-        "train.log_every=1",
-        "train.lr=0.5",
-        *[f"parallel.{k}={json.dumps(v)}" for k, v in parallel.items()],
-    ]
-    return config.load(None, overrides, preset="tiny")
-
-
-def _losses(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r["split"] == "train"]
-
-
-def _train_rank(rank: int, world_size: int, cfg, out: Path) -> None:
-    train(cfg, out, progress=False)
+    return tiny_config(root / "cache", STEPS, **parallel)
 
 
 def test_sptt_training_on_2_hosts_x_2_ranks_equals_one_process(tmp_path):
@@ -48,8 +28,8 @@ def test_sptt_training_on_2_hosts_x_2_ranks_equals_one_process(tmp_path):
     towers = tmp_path / "towers.json"
     TowerPartition([["C4", "C1", "C3"], ["C2", "C5"]], "coherent", 1.5).save(towers)
     run = tmp_path / "sptt"
-    run_distributed(_train_rank, 4, _cfg(tmp_path, lookup="sptt", hosts=2, ranks_per_host=2, towers=str(towers)), run)
-    assert _losses(run) == pytest.approx(_losses(single), abs=1e-5)
+    run_distributed(train_on_rank, 4, _cfg(tmp_path, lookup="sptt", hosts=2, ranks_per_host=2, towers=str(towers)), run)
+    assert train_losses(run) == pytest.approx(train_losses(single), abs=1e-5)
     expected, _, _, _ = load_trained_model(single, torch.device("cpu"))
     got, _, _, meta = load_trained_model(run, torch.device("cpu"))
     for (name, a), b in zip(expected.state_dict().items(), got.state_dict().values()):

@@ -1,0 +1,43 @@
+"""Small training runs shared by the distributed-training tests: a config, and what a run logged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from distrec import config
+from distrec.train.loop import train
+
+# --set items of a tiny synthetic data set: 1080 training rows in batches of 70, so the last
+# batch of an epoch is short (30 rows: 8, 8, 7, 7 on 4 ranks); multi-hot bags of 2
+TINY_DATA = [
+    "data.synthetic.rows=1200",
+    "data.synthetic.num_sparse=5",
+    "data.synthetic.table_rows=97",
+    "data.synthetic.pooling_factor=2",
+    "train.batch_size=70",
+    "train.lr=0.5",
+]
+
+
+def tiny_config(cache: Path, steps: int, **parallel: object) -> config.RunConfig:
+    """The tiny preset on TINY_DATA, cached in ``cache``, logging the loss every step."""
+    overrides = [
+        *TINY_DATA,
+        f"data.cache_dir={json.dumps(str(cache))}",
+        f"train.max_steps={steps}",
+        "train.log_every=1",
+        *[f"parallel.{k}={json.dumps(v)}" for k, v in parallel.items()],
+    ]
+    return config.load(None, overrides, preset="tiny")
+
+
+def train_losses(run: Path) -> list[float]:
+    """The training losses a run logged, one per step."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def train_on_rank(rank: int, world_size: int, cfg: config.RunConfig, out: Path, resume: bool = False) -> None:
+    """``train`` as one rank of a ``run_distributed`` group."""
+    train(cfg, out, resume=resume, progress=False)
