@@ -95,11 +95,9 @@ def publish_directory(complete: Path, path: Path) -> None:
     The old ``path`` is first renamed to ``.NAME.old`` beside it and removed only after the
     new one is in place, so at every instant one complete directory can be found.
     """
-    old = None
+    old = path.with_name(f".{path.name}.old")
     if path.exists():
-        old = path.with_name(f".{path.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
     os.replace(complete, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # also one left by an earlier interrupted swap
