@@ -16,7 +16,7 @@ import torch
 from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
-from distrec.train.optim import SPARSE_OPTIMIZERS
+from distrec.train.optim import SPARSE_OPTIMIZERS, evaluate_closure
 
 if TYPE_CHECKING:
     from distrec.hotline.embedding import HotlineEmbeddingBagCollection
@@ -74,10 +74,7 @@ class TieredRowOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         group = self.param_groups[0]
         steps = self.state.get(STEP_KEY, 0)
         if self.embeddings.apply_gradients(lambda rows, grads: self._update(rows, grads, group, steps)):

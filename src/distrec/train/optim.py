@@ -46,15 +46,20 @@ def row_blocks(rows: torch.Tensor, values: torch.Tensor) -> Iterator[tuple[torch
         yield rows[start : start + ROWS_PER_BLOCK], values[start : start + ROWS_PER_BLOCK]
 
 
+def evaluate_closure(closure) -> torch.Tensor | None:
+    """The loss of an optimizer's ``step(closure)`` argument, computed with gradients on (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class SparseRowOptimizer(Optimizer):
     """Base of the sparse optimizers: visits each parameter that has a gradient."""
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
