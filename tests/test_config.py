@@ -49,6 +49,8 @@ def test_round_trip_through_yaml(tmp_path):
         (["model.top_mlp=[0]"], "every layer width must be at least 1"),
         (["data.table_sizes={C1: 1}"], "a table needs at least 2 rows"),
         (["parallel.memory_per_rank=lots"], "is not a size"),
+        (["train.embedding_weight_decay=-0.1"], "train.embedding_weight_decay is -0.1; it must be 0 or more"),
+        (["hotline.enabled=true", "train.weight_decay=0.01"], "not supported with --hotline yet; set them to 0"),
         (["lr"], "must look like section.key=value"),
     ],
 )

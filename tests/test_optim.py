@@ -104,6 +104,37 @@ def test_lazy_adam_updates_only_touched_rows_and_their_moments():
     assert torch.equal(param.data[5], start_weight()[5])
 
 
+@pytest.mark.parametrize("sparse_cls, dense_cls", [(SparseSGD, torch.optim.SGD), (LazyAdam, torch.optim.Adam)])
+def test_weight_decay_equals_torch_weight_decay_when_every_row_is_touched(sparse_cls, dense_cls):
+    everything = list(range(ROWS))
+    grads = [sparse_grad(everything + [3, 3], seed=i) for i in range(3)]
+    param, _ = run(sparse_cls, grads, lr=0.05, weight_decay=0.1)
+    reference, _ = run(dense_cls, [g.to_dense() for g in grads], lr=0.05, weight_decay=0.1)
+    torch.testing.assert_close(param, reference)
+
+
+@pytest.mark.parametrize("optimizer_cls", [SparseSGD, RowWiseAdagrad, LazyAdam])
+def test_weight_decay_shrinks_only_the_touched_rows(optimizer_cls):
+    grads = [sparse_grad(rows, seed=i) for i, rows in enumerate(STEPS)]
+    plain, _ = run(optimizer_cls, grads, lr=0.05)
+    decayed, _ = run(optimizer_cls, grads, lr=0.05, weight_decay=0.5)
+    touched, untouched = [0, 1, 2, 4, 7, 11], [3, 5, 6, 8, 9, 10]
+    assert torch.equal(decayed.data[untouched], start_weight()[untouched])
+    assert not torch.allclose(decayed.data[touched], plain.data[touched])
+
+
+def test_state_saved_without_weight_decay_loads_with_none():
+    grads = [sparse_grad(rows, seed=i) for i, rows in enumerate(STEPS)]
+    param, opt = run(SparseSGD, grads[:1], lr=0.05)
+    state = opt.state_dict()
+    del state["param_groups"][0]["weight_decay"]
+    resumed = SparseSGD([param], lr=0.05)
+    resumed.load_state_dict(state)
+    param.grad = grads[1]
+    resumed.step()
+    assert resumed.param_groups[0]["weight_decay"] == 0.0
+
+
 @pytest.mark.parametrize("optimizer_cls", [SparseSGD, RowWiseAdagrad, LazyAdam])
 def test_state_dict_resumes_exactly(optimizer_cls):
     grads = [sparse_grad(rows, seed=i) for i, rows in enumerate(STEPS)]

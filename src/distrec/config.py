@@ -85,6 +85,8 @@ class TrainConfig:
     embedding_lr: float | None = None
     optimizer: str = "sgd"
     embedding_optimizer: str | None = None
+    weight_decay: float = 0.0
+    embedding_weight_decay: float = 0.0
     warmup_steps: int = 0
     decay: str = "none"
     decay_start_step: int = 0
@@ -338,7 +340,7 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"train.lr is {t.lr}; it must be positive")
     if t.max_steps is not None and t.max_steps < 1:
         raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")
-    for key in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "log_every", "threads"):
+    for key in ("weight_decay", "embedding_weight_decay", "warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "log_every", "threads"):
         if getattr(t, key) < 0:
             raise DistrecError(f"train.{key} is {getattr(t, key)}; it must be 0 or more")
     for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
@@ -348,6 +350,8 @@ def validate(cfg: RunConfig) -> None:
         if rows < 2:
             raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
     h = cfg.hotline
+    if h.enabled and (t.weight_decay or t.embedding_weight_decay):
+        raise DistrecError("train.weight_decay and train.embedding_weight_decay are not supported with --hotline yet; set them to 0")
     parse_bytes(h.hot_budget, "hotline.hot_budget")
     if h.logger_size is not None:
         parse_bytes(h.logger_size, "hotline.logger_size")

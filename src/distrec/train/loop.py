@@ -198,7 +198,9 @@ class Trainer:
             self.hotline = HotlineTraining(self.model, cfg, self.total_steps, self.out, self.tables, self.show_progress, self.timer)
             self.optimizers, self.schedulers, self.step_fn = self.hotline.optimizers, self.hotline.schedulers, self.hotline
         else:
-            self.optimizers = make_optimizers(self.model, t.optimizer, t.lr, embedding_name=t.embedding_optimizer, embedding_lr=t.embedding_lr)
+            self.optimizers = make_optimizers(
+                self.model, t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr, t.weight_decay, t.embedding_weight_decay
+            )
             self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.total_steps)
             replicas = getattr(self.model.embeddings, "replicas", None)
             sync = self.model.embeddings.sync_replica_grads if replicas is not None and len(replicas) else None

@@ -54,17 +54,40 @@ def evaluate_closure(closure) -> torch.Tensor | None:
         return closure()
 
 
+def with_row_weight_decay(param: torch.Tensor, grad: torch.Tensor, weight_decay: float) -> torch.Tensor:
+    """``grad`` coalesced, plus ``weight_decay * w[r]`` for each distinct touched row r.
+
+    This is the gradient of an L2 penalty ``weight_decay / 2 * ||w[r]||^2`` on the rows a
+    batch looks up (once per row per step), the "lazy" weight decay of sparse embeddings:
+    rows that are not looked up are neither updated nor decayed.
+    """
+    rows, values = coalesced_rows(grad)
+    values = torch.addcmul(values, param.index_select(0, rows), values.new_tensor(weight_decay))
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, grad.shape, is_coalesced=True, check_invariants=False)
+
+
 class SparseRowOptimizer(Optimizer):
-    """Base of the sparse optimizers: visits each parameter that has a gradient."""
+    """Base of the sparse optimizers: visits each parameter that has a gradient.
+
+    Every sparse optimizer takes ``weight_decay`` (default 0): an L2 penalty on the touched
+    rows, added to their gradient (see ``with_row_weight_decay``).
+    """
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = evaluate_closure(closure)
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    self.update(p, p.grad, group, self.state[p])
+                if p.grad is None:
+                    continue
+                grad = with_row_weight_decay(p, p.grad, group["weight_decay"]) if group["weight_decay"] else p.grad
+                self.update(p, grad, group, self.state[p])
         return loss
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("weight_decay", 0.0)  # state saved before weight decay existed
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
         """Apply one step to the rows of ``param`` that ``grad`` touches."""
@@ -80,8 +103,8 @@ class SparseSGD(SparseRowOptimizer):
         >>> opt = SparseSGD(model.sparse_parameters(), lr=0.1)
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: float = 0.01) -> None:
-        super().__init__(params, dict(lr=lr))
+    def __init__(self, params: Iterable[nn.Parameter], lr: float = 0.01, weight_decay: float = 0.0) -> None:
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
 
     def update(self, param, grad, group, state):
         for rows, values in row_blocks(*gradient_rows(grad)):
@@ -101,9 +124,15 @@ class RowWiseAdagrad(SparseRowOptimizer):
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter], lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value: float = 0.0
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float = 0.01,
+        eps: float = 1e-10,
+        initial_accumulator_value: float = 0.0,
+        weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value))
+        defaults = dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value, weight_decay=weight_decay)
+        super().__init__(params, defaults)
 
     def update(self, param, grad, group, state):
         if not state:
@@ -128,9 +157,14 @@ class LazyAdam(SparseRowOptimizer):
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     def update(self, param, grad, group, state):
         if not state:
@@ -160,7 +194,13 @@ DENSE_OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": torch.optim.SGD, "adagrad
 
 
 def make_optimizers(
-    model: nn.Module, name: str, lr: float, embedding_name: str | None = None, embedding_lr: float | None = None
+    model: nn.Module,
+    name: str,
+    lr: float,
+    embedding_name: str | None = None,
+    embedding_lr: float | None = None,
+    weight_decay: float = 0.0,
+    embedding_weight_decay: float = 0.0,
 ) -> list[Optimizer]:
     """A dense optimizer for ``model.dense_parameters()`` and a sparse one for ``model.sparse_parameters()``.
 
@@ -170,6 +210,8 @@ def make_optimizers(
         lr: learning rate of the dense parameters.
         embedding_name: optimizer of the embeddings (default: ``name``; Adagrad is row-wise).
         embedding_lr: learning rate of the embeddings (default: ``lr``).
+        weight_decay: L2 penalty of the dense parameters (torch's ``weight_decay``).
+        embedding_weight_decay: L2 penalty of the embedding rows a step touches.
 
     Returns:
         The optimizers that have parameters, dense first. Dense ones use torch's fused
@@ -186,8 +228,9 @@ def make_optimizers(
     dense = model.dense_parameters()
     if dense:
         fused = all(p.device.type in ("cpu", "cuda") for p in dense)
-        optimizers.append(DENSE_OPTIMIZERS[name](dense, lr=lr, fused=fused or None))
+        optimizers.append(DENSE_OPTIMIZERS[name](dense, lr=lr, weight_decay=weight_decay, fused=fused or None))
     sparse = model.sparse_parameters()
     if sparse:
-        optimizers.append(SPARSE_OPTIMIZERS[embedding_name](sparse, lr=embedding_lr if embedding_lr is not None else lr))
+        sparse_lr = embedding_lr if embedding_lr is not None else lr
+        optimizers.append(SPARSE_OPTIMIZERS[embedding_name](sparse, lr=sparse_lr, weight_decay=embedding_weight_decay))
     return optimizers
