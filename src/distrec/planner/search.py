@@ -160,6 +160,7 @@ class _ChunkInfo:
     embedding: np.ndarray  # the computation model's 32-wide table embedding
     cost: float  # predicted compute cost (ms) of the chunk alone on a device
     code: int  # random 64-bit code; a device's chunk multiset hashes to the sum of its codes
+    proxies: tuple[float, ...]  # the greedy heuristics' costs of the chunk (``GREEDY_COSTS`` order)
 
 
 _HASH_MASK = 2**64 - 1
@@ -196,9 +197,11 @@ class NeuroShardSearch:
         """Embedding, lone cost and hash code of a chunk of ``dim`` columns of ``table`` (memoised)."""
         key = (table, dim)
         if key not in self._chunks:
-            emb = self.predictor.embed([self.tables[table].with_dim(dim)])[0]
+            chunk = self.tables[table].with_dim(dim)
+            emb = self.predictor.embed([chunk])[0]
             cost = float(self.predictor.device_compute(emb)[0])
-            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1)
+            proxies = tuple(proxy(chunk) for proxy in GREEDY_COSTS.values())
+            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1, proxies)
         return self._chunks[key]
 
     def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
@@ -238,8 +241,8 @@ class NeuroShardSearch:
             if ev.cost < best.cost:
                 best = ev
         if opts.heuristic_placements:
-            for proxy in GREEDY_COSTS.values():
-                loads = [proxy(self.tables[c.table].with_dim(c.dim)) for c in state]
+            for p in range(len(GREEDY_COSTS)):
+                loads = [x.proxies[p] for x in info]
                 ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
                 if ev.cost < best.cost:
                     best = ev
