@@ -30,7 +30,7 @@ from distrec.errors import DistrecError
 from distrec.planner.launch import intra_op_threads, spawn_group
 from distrec.planner.table_pool import DEFAULT_ROW_SCALE, TablePool, dimension_choices, make_table_pool, table_count_range
 from distrec.planner.types import BYTES_PER_FLOAT, TableSpec
-from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, default_device, compute_ms
+from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, compute_ms, default_device
 
 _COMPUTE, _COMM = 0, 1  # first words of the per-sample seeds
 DELAY_SPREAD_DECADES = 3.0  # comm samples' delay spreads range from max_delay_ms / 1000 to max_delay_ms
