@@ -237,7 +237,7 @@ def main() -> None:
             print(
                 f"D={devices} max_dim={max_dim}: "
                 + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
-                + f"; NeuroShard/baseline on shared tasks: "
+                + "; NeuroShard/baseline on shared tasks: "
                 + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS),
                 flush=True,
             )
