@@ -6,9 +6,13 @@ DLRM table pool (``distrec.planner.table_pool``: 4 devices take 10-60 tables, 8 
 every task; a plan that does not fit the memory is a failure. Each plan is then *executed*
 (``distrec.planner.execute``): the real embedding lookups with their backward and update on
 every rank, and the real forward/backward all-to-alls of the pooled outputs across D gloo
-processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls
-(median ms over the timed steps). All plans of a task run back to back, so the ratios compare
-plans executed under the same machine load.
+processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls.
+On the CPU (2 cores shared by D processes and by other users) a device's compute is the
+minimum over repeated runs of its thread CPU time, each rank alone in turn, and the timed
+steps of all plans of a setting take turns (one step of every plan per round; the median
+over rounds), so load from other jobs falls on every algorithm alike (see
+``distrec.planner.execute``). Variants that produce the same plan of a task are executed
+once and share its cost.
 
 Printed per setting: each algorithm's mean cost over the tasks it solved and its success
 rate; NeuroShard's mean cost over the tasks both solved divided by each baseline's
@@ -19,7 +23,9 @@ against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the abl
 beam search, no grid search, no cache: executed cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
-first (resumable). ``--quick`` runs 2 max dims x 6 tasks per device count.
+first (resumable). ``--quick`` runs 2 max dims x 5 tasks per device count, 7 timed steps
+per plan, and the no-cache ablation (which changes the search time, never the plan) on the
+first 2 tasks of a setting; its column is the search-time ratio on those tasks.
 
 Usage:
     python benchmarks/sharding.py --quick
@@ -54,7 +60,7 @@ VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="6 tasks, max dims 16 and 128, fewer cost samples")
+    p.add_argument("--quick", action="store_true", help="5 tasks, max dims 16 and 128, 7 steps, fewer cost samples")
     p.add_argument("--tasks", type=int, default=100, help="tasks per setting")
     p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
@@ -66,9 +72,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--comm-samples", type=int, default=500)
     p.add_argument("--out", type=Path, default=Path("runs/sharding"), help="folder for cost data, models, results, figure")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-ablation-tasks", type=int, default=None, help="plan the no-cache ablation (search time only) for the first N tasks of a setting (default all)")
     args = p.parse_args()
     if args.quick:
-        args.tasks, args.max_dims, args.compute_samples, args.comm_samples = 6, [16, 128], 800, 250
+        args.tasks, args.max_dims, args.compute_samples, args.comm_samples, args.steps = 5, [16, 128], 600, 200, 7
+        args.cache_ablation_tasks = 2 if args.cache_ablation_tasks is None else args.cache_ablation_tasks
+    if args.cache_ablation_tasks is None:
+        args.cache_ablation_tasks = args.tasks
     return args
 
 
@@ -86,10 +96,11 @@ def cost_models(args: argparse.Namespace) -> CostModels:
     return models
 
 
-def plan_task(task, models: CostModels, seed: int) -> dict[str, dict]:
-    """Every variant's plan of one task: {"plan", "report"} or {"error"}."""
+def plan_task(task, models: CostModels, seed: int, with_no_cache: bool = True) -> dict[str, dict]:
+    """Every variant's plan of one task: {"plan", "report"} or {"error"} (the no-cache ablation,
+    which only changes the search time, is left out unless ``with_no_cache``)."""
     out = {}
-    for variant in VARIANTS:
+    for variant in VARIANTS if with_no_cache else [v for v in VARIANTS if v != "neuroshard-no-cache"]:
         algorithm, _, ablation = variant.partition("-") if variant.startswith("neuroshard") else (variant, "", "")
         options = SearchOptions.ablation(ablation) if ablation else None
         try:
@@ -103,26 +114,32 @@ def plan_task(task, models: CostModels, seed: int) -> dict[str, dict]:
 def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> tuple[dict, list[tuple[float, float]]]:
     """Plan and execute every task of one setting; return its summary and (predicted, real) pairs."""
     tasks = generate_tasks(pool, args.tasks, devices, max_dim, seed=args.seed * 1000 + devices * 200 + max_dim)
-    planned = [plan_task(t, models, args.seed + i) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
-    jobs = [(i, v) for i in range(len(tasks)) for v in VARIANTS if "plan" in planned[i][v] and v != "neuroshard-no-cache"]
-    costs = execute_plans(
-        [(planned[i][v]["plan"], tasks[i].tables) for i, v in jobs], args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True,
-        step_repeats=args.steps,
-    )
-    real = {(i, v): max(c["total"]) for (i, v), c in zip(jobs, costs)}
+    planned = [plan_task(t, models, args.seed + i, i < args.cache_ablation_tasks) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
     for i in range(len(tasks)):  # the cache changes search time, never the plan
-        if "plan" in planned[i]["neuroshard-no-cache"]:
+        if "plan" in planned[i].get("neuroshard-no-cache", {}):
             assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard"]["plan"].to_dict()
-            real[(i, "neuroshard-no-cache")] = real[(i, "neuroshard")]
+    jobs, job_number, job_of = [], {}, {}  # distinct plans of each task; (task, variant) -> its job
+    for i in range(len(tasks)):
+        for v in VARIANTS:
+            if "plan" in planned[i].get(v, {}):
+                plan = planned[i][v]["plan"]
+                key = (i, json.dumps(plan.to_dict(), sort_keys=True))
+                if key not in job_number:
+                    job_number[key] = len(jobs)
+                    jobs.append((plan, tasks[i].tables))
+                job_of[(i, v)] = job_number[key]
+    costs = execute_plans(jobs, args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True, step_repeats=args.steps)
+    real = {key: max(costs[job]["total"]) for key, job in job_of.items()}
     solved = {v: [i for i in range(len(tasks)) if (i, v) in real] for v in VARIANTS}
 
     def mean_cost(variant: str, on: list[int]) -> float | None:
         return statistics.fmean(real[(i, variant)] for i in on) if on else None
 
+    attempted = {v: sum(v in p for p in planned) for v in VARIANTS}
     algorithms = {
         v: {
             "mean_ms": mean_cost(v, solved[v]),
-            "success": len(solved[v]) / len(tasks),
+            "success": len(solved[v]) / attempted[v] if attempted[v] else None,
             "search_time_s": statistics.fmean(planned[i][v]["report"]["search_time_s"] for i in solved[v]) if solved[v] else None,
         }
         for v in VARIANTS
@@ -145,9 +162,18 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "ratio_vs_best_baseline": algorithms[strongest]["ratio"] if strongest else None,
         "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
+        "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard"),
         "algorithms": algorithms,
     }
     return summary, pairs
+
+
+def search_time_ratio(planned: list[dict], slow: str, fast: str) -> float | None:
+    """Mean search time of ``slow`` over that of ``fast`` on the tasks both planned."""
+    both = [p for p in planned if "report" in p.get(slow, {}) and "report" in p.get(fast, {})]
+    if not both:
+        return None
+    return statistics.fmean(p[slow]["report"]["search_time_s"] for p in both) / statistics.fmean(p[fast]["report"]["search_time_s"] for p in both)
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -163,7 +189,8 @@ def markdown_table(settings: list[dict]) -> str:
         *VARIANTS[: 1 + len(HEURISTICS)],
         "NeuroShard / strongest baseline (shared tasks)",
         "ablations ms (no beam / no grid)",
-        "search s (full / no beam / no grid / no cache)",
+        "search s (full / no beam / no grid)",
+        "no cache: search time x",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in settings:
@@ -171,8 +198,8 @@ def markdown_table(settings: list[dict]) -> str:
         cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
         ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
-        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", *(f"neuroshard-{x}" for x in ABLATIONS)))
-        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search]) + " |")
+        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
+        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -210,7 +237,7 @@ def main() -> None:
             print(
                 f"D={devices} max_dim={max_dim}: "
                 + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
-                + f"; NeuroShard/baseline on shared tasks: "
+                + "; NeuroShard/baseline on shared tasks: "
                 + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS),
                 flush=True,
             )

@@ -59,7 +59,7 @@ def test_feature_matrix_columns():
     t = TableSpec("t", 1024, 32, 3.0, (1.0,) + (0.0,) * 16)
     row = feature_matrix([t])[0]
     assert row.shape == (len(TABLE_FEATURE_NAMES),)
-    assert row[:5].tolist() == [32.0, 10.0, 3.0, 17.0, 1.0]  # log2(1024 * 32 * 4) = 17
+    assert row[:6].tolist() == [32.0, 10.0, 3.0, 17.0, 96.0, 1.0]  # log2(1024 * 32 * 4) = 17; 32 x 3 floats per sample
 
 
 @pytest.mark.skipif(not LOCALITY_STATS.is_file(), reason="the shared dlrm_datasets locality stats are not present")

@@ -144,3 +144,16 @@ def test_tight_memory_is_packed_largest_first_when_the_cost_order_fits_nowhere(m
     plan, report = plan_tables(task.tables, 4, task.memory_per_device, models, options=SearchOptions(max_steps=0))
     plan.validate([t.to_config() for t in task.tables], task.memory_per_device)
     assert report["states_evaluated"] == 1 and all(w % 4 == 0 for w in shard_widths(plan))
+
+
+def test_neuroshard_is_never_predicted_worse_than_a_greedy_heuristic(models):
+    """The search scores the heuristics' placements of the whole tables too, so by its own cost
+    models no greedy heuristic's plan beats NeuroShard's."""
+    pool = make_table_pool(seed=0)
+    for task in generate_tasks(pool, 3, 4, max_dim=16, seed=5):
+        ours = plan_tables(task.tables, 4, task.memory_per_device, models, options=SHORT)[1]["predicted_max_ms"]
+        for algorithm in ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"):
+            theirs = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm)[1]["predicted_max_ms"]
+            assert ours <= theirs * (1 + 1e-9), algorithm
+    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, heuristic_placements=False)
+    assert NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=without).run().max_cost >= ours - 1e-9

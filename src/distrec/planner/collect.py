@@ -3,7 +3,7 @@
 Two kinds of samples, appended as JSON lines to one file (resumable: sample ids already in
 the file are skipped, and a sample's inputs depend only on the seed and its id):
 
-- ``compute``: forward+backward time (ms, median after warm-up) of a multi-table embedding
+- ``compute``: forward+backward time (ms, minimum of repeated runs after warm-up) of a multi-table embedding
   lookup on one device, for random tables of the synthetic pool with random dimensions
   that fit one device's memory (on the CPU timed in thread CPU time, see
   ``workload.compute_clock``);
@@ -30,7 +30,7 @@ from distrec.errors import DistrecError
 from distrec.planner.launch import intra_op_threads, spawn_group
 from distrec.planner.table_pool import DEFAULT_ROW_SCALE, TablePool, dimension_choices, make_table_pool, table_count_range
 from distrec.planner.types import BYTES_PER_FLOAT, TableSpec
-from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, default_device, median_ms
+from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, compute_ms, default_device
 
 _COMPUTE, _COMM = 0, 1  # first words of the per-sample seeds
 DELAY_SPREAD_DECADES = 3.0  # comm samples' delay spreads range from max_delay_ms / 1000 to max_delay_ms
@@ -167,7 +167,7 @@ def run_collect(
         max_tables: most tables in one compute sample.
         max_dim: largest dimension; samples use max_dim, max_dim/2, ... down to 4.
         max_delay_ms: largest start delay between devices in the comm samples.
-        warmup, repeats: runs discarded, and runs whose median is recorded.
+        warmup, repeats: runs discarded, and runs timed (compute: their minimum; comm: their median).
         device: device type for the benchmarks; defaults to the accelerator, else the CPU.
         progress: show tqdm progress bars (only on a terminal).
 
@@ -200,7 +200,7 @@ def _collect_compute(out, pool, todo, total, batch_size, seed, max_tables, max_d
         for i in todo:
             tables, rng = compute_sample_tables(pool, i, seed, max_tables, max_dim, pool.memory_per_device)
             workload = LookupWorkload(tables, batch_size, device, rng)
-            ms = median_ms(workload.step, device, warmup, repeats)
+            ms = compute_ms(workload.step, device, warmup, repeats)
             _append(out, {"kind": "compute", "id": f"compute-{i}", "batch_size": batch_size, "tables": [t.to_dict() for t in tables], "ms": ms})
             bar.update()
         bar.close()

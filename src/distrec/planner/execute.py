@@ -4,20 +4,23 @@ Each rank builds the tables (or column shards) a plan gives it, with index batch
 from the tables' pooling factors and histograms, and runs training steps: forward and
 backward lookups with an SGD update (``compute``), then the forward all-to-all of its
 pooled outputs (sized by the per-device dimension sums) and the backward all-to-all of the
-gradients. A device's cost is compute + forward + backward all-to-all (median ms over the
-timed steps); a plan costs the maximum over devices, as in the NeuroShard evaluation.
+gradients. A device's cost is compute + forward + backward all-to-all (ms); a plan costs the
+maximum over devices, as in the NeuroShard evaluation.
 
 The step is laid out as in steady-state training: after the backward all-to-all, a rank
 runs its backward lookups and the next forward lookups, so its forward all-to-all starts
 late by its compute time; the all-to-all makes early ranks wait for late ones.
 
 With ``share_cores`` (the default on the CPU, where D processes share a few cores), ranks
-first take turns to time their compute steps back to back, each alone as on a device of
-its own (median, in thread CPU time, see ``workload.compute_clock``), exactly as the
-compute micro-benchmark does; the timed steps then sleep for that time in place of the
-compute before their all-to-alls. Without it (the default on accelerators) every step
-computes for real, all ranks in parallel. The all-to-alls are always real and timed by the
-wall clock: waiting for late ranks is part of them.
+first take turns to time every plan's compute back to back, each alone as on a device of
+its own (the minimum over repeats, in thread CPU time, see ``workload.compute_ms``),
+exactly as the compute micro-benchmark does. The timed steps then sleep for that time in
+place of the compute before their all-to-alls, and the plans take turns step by step
+(round robin over all plans, ``step_repeats`` rounds, the median per plan): load from other
+jobs on the machine falls on every plan's all-to-alls alike. Without it (the default on
+accelerators) every step computes for real, all ranks in parallel, plan after plan. The
+all-to-alls are always real and timed by the wall clock: waiting for late ranks is part of
+them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from distrec.parallel.plan import ShardingPlan
 from distrec.planner.emit import device_tables
 from distrec.planner.launch import spawn_group
 from distrec.planner.types import TableSpec
-from distrec.planner.workload import LookupWorkload, communication_step, default_device, median_ms, timed_ms
+from distrec.planner.workload import LookupWorkload, communication_step, compute_ms, default_device, timed_ms
 
 COST_PARTS = ("compute", "fw_comm", "bw_comm", "total")
 
@@ -56,14 +59,15 @@ def execute_plans(
     Args:
         plans: (plan, the tables it places) pairs with equal ``world_size``.
         batch_size: samples per step (a multiple of the world size).
-        warmup, repeats: steps discarded, and steps whose median is reported.
+        warmup: runs (compute) and steps (all-to-alls) discarded before timing.
+        repeats: compute runs timed in turns with ``share_cores`` (their minimum is used).
         seed: seed of the weights and index batches.
         device: device type; defaults to the accelerator, else the CPU.
         share_cores: time-multiplex the ranks' compute (see the module doc); None = on the CPU.
         progress: show a tqdm bar over the plans (only on a terminal).
-        step_repeats: timed training steps (default ``repeats``). With ``share_cores`` the
-            compute is timed ``repeats`` times in turns, and a step then costs only its
-            sleep and all-to-alls, so many steps are cheap and tame the all-to-all noise.
+        step_repeats: timed training steps per plan, whose median is reported (default
+            ``repeats``). With ``share_cores`` a step costs only its sleep and all-to-alls,
+            so many steps are cheap and tame the all-to-all noise.
 
     Returns:
         Per plan, per-device median costs in ms under ``compute``, ``fw_comm``, ``bw_comm``
@@ -85,50 +89,80 @@ def execute_plans(
 
 
 def compute_in_turns(workload: LookupWorkload, warmup: int, repeats: int, device: torch.device) -> float:
-    """This rank's median compute time (ms), measured while every other rank waits its turn."""
+    """This rank's compute time (ms, see ``compute_ms``), measured while every other rank waits its turn."""
     rank, world = dist.get_rank(), dist.get_world_size()
     compute = 0.0
     for turn in range(world):
         dist.barrier()
         if turn == rank:
-            compute = median_ms(workload.step, device, warmup, repeats)
+            compute = compute_ms(workload.step, device, warmup, repeats)
     dist.barrier()
     return compute
 
 
-def run_steps(
-    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, repeats: int, step_repeats: int, share_cores: bool,
-    rng: np.random.Generator, device: torch.device,
-) -> dict[str, float]:
-    """This rank's median compute, all-to-all and total times (ms) over ``step_repeats`` training
-    steps with ``tables`` (compute timed ``repeats`` times in turns when ``share_cores``)."""
-    rank = dist.get_rank()
-    workload = LookupWorkload(tables, batch_size, device, rng)
-    shared_compute = compute_in_turns(workload, warmup, repeats, device) if share_cores else 0.0
-    grad = torch.ones(batch_size, dim_sums[rank], device=device)
-    pooled = workload.forward().detach()
-    rows: list[tuple[float, float, float]] = []
-    for _ in range(warmup + step_repeats):
-        dist.barrier()
-        if share_cores:
-            compute = shared_compute
-            time.sleep(compute / 1e3)
-        else:
-            pooled, compute = timed_ms(lambda: workload.step(grad), device)
-        grad, fw, bw = communication_step(pooled, dim_sums, rank, device)
-        rows.append((compute, fw, bw))
-    med = np.median(np.array(rows[warmup:]), axis=0)
+def _summary(rows: list[tuple[float, float, float]]) -> dict[str, float]:
+    """Median compute, forward and backward all-to-all over timed steps, and their sum (ms)."""
+    med = np.median(np.array(rows), axis=0)
     return {"compute": float(med[0]), "fw_comm": float(med[1]), "bw_comm": float(med[2]), "total": float(med.sum())}
 
 
+def run_steps(
+    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, step_repeats: int, rng: np.random.Generator,
+    device: torch.device,
+) -> dict[str, float]:
+    """This rank's median compute, all-to-all and total times (ms) over ``step_repeats`` real
+    training steps with ``tables``, every rank computing at once."""
+    rank = dist.get_rank()
+    workload = LookupWorkload(tables, batch_size, device, rng)
+    grad = torch.ones(batch_size, dim_sums[rank], device=device)
+    rows: list[tuple[float, float, float]] = []
+    for _ in range(warmup + step_repeats):
+        dist.barrier()
+        pooled, compute = timed_ms(lambda: workload.step(grad), device)
+        grad, fw, bw = communication_step(pooled, dim_sums, rank, device)
+        rows.append((compute, fw, bw))
+    return _summary(rows[warmup:])
+
+
+def run_interleaved_steps(
+    computes: list[float], dim_sums: list[list[int]], batch_size: int, warmup: int, step_repeats: int, device: torch.device
+) -> list[dict[str, float]]:
+    """This rank's median costs (ms) of every plan, its steps taken in turns with the other plans'.
+
+    A step of plan p sleeps ``computes[p]`` (this rank's compute time in that plan) and then
+    runs the plan's all-to-alls; each round runs one step of every plan.
+    """
+    rank = dist.get_rank()
+    buffer = torch.randn(batch_size * max(max(d[rank] for d in dim_sums), 1), device=device)
+    rows: list[list[tuple[float, float, float]]] = [[] for _ in computes]
+    for step in range(warmup + step_repeats):
+        for p, (compute, sums) in enumerate(zip(computes, dim_sums)):
+            pooled = buffer[: batch_size * sums[rank]].view(batch_size, sums[rank])
+            dist.barrier()
+            time.sleep(compute / 1e3)
+            _, fw, bw = communication_step(pooled, sums, rank, device)
+            if step >= warmup:
+                rows[p].append((compute, fw, bw))
+    return [_summary(r) for r in rows]
+
+
 def _execute_worker(rank, world, device, layouts, batch_size, warmup, repeats, step_repeats, seed, share_cores, show, results) -> None:
-    out = []
-    for index, layout in enumerate(tqdm(layouts, desc="executing plans", unit="plan", disable=not (show and rank == 0))):
-        dim_sums = [sum(t.dim for t in ts) for ts in layout]
-        rng = np.random.default_rng([seed, index, rank])
-        mine = run_steps(layout[rank], dim_sums, batch_size, warmup, repeats, step_repeats, share_cores, rng, device)
-        every = [None] * world
-        dist.all_gather_object(every, mine)
-        out.append({part: [costs[part] for costs in every] for part in COST_PARTS})
+    dim_sums = [[sum(t.dim for t in ts) for ts in layout] for layout in layouts]
+    bar = tqdm(total=len(layouts), desc="executing plans", unit="plan", disable=not (show and rank == 0))
+    mine = []
+    if share_cores:
+        computes = []
+        for index, layout in enumerate(layouts):
+            workload = LookupWorkload(layout[rank], batch_size, device, np.random.default_rng([seed, index, rank]))
+            computes.append(compute_in_turns(workload, warmup, repeats, device))
+            bar.update()
+        mine = run_interleaved_steps(computes, dim_sums, batch_size, warmup, step_repeats, device)
+    else:
+        for index, layout in enumerate(layouts):
+            mine.append(run_steps(layout[rank], dim_sums[index], batch_size, warmup, step_repeats, np.random.default_rng([seed, index, rank]), device))
+            bar.update()
+    bar.close()
+    every = [None] * world
+    dist.all_gather_object(every, mine)
     if rank == 0:
-        results.put(out)
+        results.put([{part: [costs[index][part] for costs in every] for part in COST_PARTS} for index in range(len(layouts))])

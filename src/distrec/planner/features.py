@@ -17,7 +17,7 @@ import numpy as np
 from distrec.errors import DistrecError
 from distrec.planner.types import NUM_HISTOGRAM_BINS, TableSpec
 
-TABLE_FEATURE_NAMES: tuple[str, ...] = ("dim", "log2_rows", "pooling_factor", "log2_bytes") + tuple(
+TABLE_FEATURE_NAMES: tuple[str, ...] = ("dim", "log2_rows", "pooling_factor", "log2_bytes", "lookup_floats") + tuple(
     f"reuse_bin_{i}" for i in range(NUM_HISTOGRAM_BINS)
 )
 
@@ -102,15 +102,18 @@ def table_spec_from_indices(
 
 
 def feature_matrix(tables: list[TableSpec]) -> np.ndarray:
-    """The cost models' input for each table (or column shard): float32 [n, 21].
+    """The cost models' input for each table (or column shard): float32 [n, 22].
 
     Columns (``TABLE_FEATURE_NAMES``): dimension, log2 rows, mean pooling factor, log2 bytes,
-    then the 17 histogram fractions. Sizes enter as logarithms because they span six orders
-    of magnitude; the cost models standardise every column.
+    floats looked up per sample (dim x pooling factor), then the 17 histogram fractions.
+    Sizes enter as logarithms because they span six orders of magnitude; the cost models
+    standardise every column. The lookup floats are NeuroShard's features multiplied out:
+    a lookup's work is nearly proportional to them, and a per-table MLP summed over a
+    device learns that product poorly from a few hundred samples.
     """
     if not tables:
         return np.zeros((0, len(TABLE_FEATURE_NAMES)), dtype=np.float32)
     shape = np.array([(t.dim, t.num_rows, t.pooling_factor, t.num_bytes) for t in tables], dtype=np.float64)
     hist = np.array([t.histogram for t in tables], dtype=np.float64)
-    out = np.column_stack([shape[:, 0], np.log2(shape[:, 1]), shape[:, 2], np.log2(shape[:, 3]), hist])
+    out = np.column_stack([shape[:, 0], np.log2(shape[:, 1]), shape[:, 2], np.log2(shape[:, 3]), shape[:, 0] * shape[:, 2], hist])
     return out.astype(np.float32)

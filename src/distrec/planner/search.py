@@ -4,7 +4,11 @@ For a set of column chunks (whole tables at first), a greedy placement puts chun
 expensive first (by the cost model), on the device with the lowest predicted compute cost
 that has memory and whose summed dimension stays under a bound; the bound is grid-searched
 over M points from the mean summed dimension to 1.5x the mean, and the cost models score
-every placement (max over devices of compute + backward + forward all-to-all). The beam
+every placement (max over devices of compute + backward + forward all-to-all). The cost
+models also score the baseline heuristics' greedy placements of the same chunks (most
+lookups first on the device with the least summed lookups, and the size, dim and
+size-lookup variants), so for the whole tables the search starts from every greedy
+heuristic's plan and keeps one only if the cost models rank it best. The beam
 search (width K, L steps) halves the columns of one of the N largest or N most expensive
 chunks per step, keeping dimensions divisible by 4. Device compute costs are cached by the
 set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
@@ -20,6 +24,7 @@ import numpy as np
 
 from distrec.errors import DistrecError
 from distrec.planner.cost_models import CostPredictor
+from distrec.planner.heuristics import GREEDY_COSTS
 from distrec.planner.placement import greedy_place
 from distrec.planner.types import BYTES_PER_FLOAT, Chunk, PlanConstraints, TableSpec, can_halve
 
@@ -43,6 +48,7 @@ class SearchOptions:
         grid_max: the largest dim bound, as a multiple of the mean summed dimension.
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
+        heuristic_placements: also score the greedy heuristics' placements of every chunk set.
     """
 
     beam_width: int = 3
@@ -52,6 +58,7 @@ class SearchOptions:
     grid_max: float = 1.5
     grid_search: bool = True
     use_cache: bool = True
+    heuristic_placements: bool = True
 
     def __post_init__(self) -> None:
         if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
@@ -153,6 +160,7 @@ class _ChunkInfo:
     embedding: np.ndarray  # the computation model's 32-wide table embedding
     cost: float  # predicted compute cost (ms) of the chunk alone on a device
     code: int  # random 64-bit code; a device's chunk multiset hashes to the sum of its codes
+    proxies: tuple[float, ...]  # the greedy heuristics' costs of the chunk (``GREEDY_COSTS`` order)
 
 
 _HASH_MASK = 2**64 - 1
@@ -189,9 +197,11 @@ class NeuroShardSearch:
         """Embedding, lone cost and hash code of a chunk of ``dim`` columns of ``table`` (memoised)."""
         key = (table, dim)
         if key not in self._chunks:
-            emb = self.predictor.embed([self.tables[table].with_dim(dim)])[0]
+            chunk = self.tables[table].with_dim(dim)
+            emb = self.predictor.embed([chunk])[0]
             cost = float(self.predictor.device_compute(emb)[0])
-            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1)
+            proxies = tuple(proxy(chunk) for proxy in GREEDY_COSTS.values())
+            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1, proxies)
         return self._chunks[key]
 
     def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
@@ -230,27 +240,46 @@ class NeuroShardSearch:
             ev = self._place(state, info, sizes, by_cost, bound)
             if ev.cost < best.cost:
                 best = ev
+        if opts.heuristic_placements:
+            for p in range(len(GREEDY_COSTS)):
+                loads = [x.proxies[p] for x in info]
+                ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
+                if ev.cost < best.cost:
+                    best = ev
         if best.device_of is None:
             by_size = sorted(range(len(state)), key=lambda i: (-sizes[i], -info[i].cost, i))
             best = self._place(state, info, sizes, by_size, math.inf)
         return best
 
-    def _place(self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float) -> _Evaluation:
-        """Greedy placement of the chunks in ``order`` under a dim bound, scored by the cost models."""
+    def _place(
+        self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
+    ) -> _Evaluation:
+        """Greedy placement of the chunks in ``order`` under a dim bound, scored by the cost models.
+
+        A chunk goes to the device of least predicted compute, or with ``proxy_loads`` (a
+        heuristic's cost of every chunk) to the device of least summed proxy load.
+        """
         dims = [c.dim for c in state]
         pins = {i: self._pin_of[c.table] for i, c in enumerate(state) if c.table in self._pin_of}
         summed = np.zeros((self.num_devices, info[0].embedding.size))
         hashes = [0] * self.num_devices
+        proxy = [0.0] * self.num_devices
 
         def add_item(device: int, item: int) -> float:
             summed[device] += info[item].embedding
             hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
-            return self._device_compute(hashes[device], summed[device])
+            if proxy_loads is None:
+                return self._device_compute(hashes[device], summed[device])
+            proxy[device] += proxy_loads[item]
+            return proxy[device]
 
         placed = greedy_place(order, sizes, dims, self.num_devices, self.memory, add_item, pins, bound)
         if placed is None:
             return _Evaluation(math.inf)
         device_of, compute = placed
+        if proxy_loads is not None:
+            used = set(device_of)
+            compute = [self._device_compute(hashes[r], summed[r]) if r in used else 0.0 for r in range(self.num_devices)]
         dim_sums = np.zeros(self.num_devices)
         np.add.at(dim_sums, device_of, dims)
         return _Evaluation(float(self.predictor.plan_costs(np.array(compute), dim_sums)["total"].max()), device_of, compute)
