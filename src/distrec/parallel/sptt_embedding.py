@@ -1,6 +1,7 @@
 """The sharded embedding collection with SPTT instead of the flat output all-to-all.
 
-Tower t's tables live on host t, table-wise over its ranks (``FeatureLayout.from_towers``).
+Tower t's tables live on host t, table-wise or column-wise over its ranks
+(``FeatureLayout.from_towers``).
 Forward on every rank (DMT, Luo et al., MLSys 2024, Fig. 7):
 
 (a) input all-to-all: the bags of every feature go to the rank holding its table (the
@@ -40,14 +41,16 @@ from distrec.tables import TableConfig
 
 
 def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> ShardingPlan:
-    """The table-wise plan that puts table f on the rank of ``layout`` that pools feature f."""
-    owner = {f: rank for rank, features in enumerate(layout.features_of_rank) for f in features}
+    """The plan that puts table f on the rank(s) of ``layout`` that pool feature f: table-wise,
+    or column-wise over its host's ranks when the layout splits columns."""
+    shards: dict[int, list[Shard]] = {f: [] for f in range(len(tables))}
+    for rank, features in enumerate(layout.features_of_rank):
+        for f in features:
+            start, end = layout.columns_of_rank[rank] if layout.columns_of_rank is not None else (0, tables[f].dim)
+            shards[f].append(Shard(rank, 0, tables[f].num_rows, start, end))
     return ShardingPlan(
         layout.topology.world_size,
-        [
-            TablePlacement(t.name, "table_wise", [Shard(owner[f], 0, t.num_rows, 0, t.dim)])
-            for f, t in enumerate(tables)
-        ],
+        [TablePlacement(t.name, "table_wise" if len(shards[f]) == 1 else "column_wise", shards[f]) for f, t in enumerate(tables)],
     )
 
 
