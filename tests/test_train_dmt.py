@@ -39,18 +39,21 @@ def _assert_same_models(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(y, x, rtol=0, atol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("module", ["dlrm", "dcn"])
-def test_dmt_on_2_hosts_x_2_ranks_equals_the_single_process_dmt_model(tmp_path, module):
+@pytest.mark.parametrize("module,tower_sharding", [("dlrm", "table_wise"), ("dcn", "column_wise")])
+def test_dmt_on_2_hosts_x_2_ranks_equals_the_single_process_dmt_model(tmp_path, module, tower_sharding):
     single = tmp_path / "single"
     summary = train(_cfg(tmp_path, module), single, progress=False)
     run = tmp_path / "dmt"
-    run_distributed(train_on_rank, 4, _cfg(tmp_path, module, lookup="sptt", hosts=2, ranks_per_host=2), run)
+    sptt = dict(lookup="sptt", hosts=2, ranks_per_host=2, tower_sharding=tower_sharding)
+    run_distributed(train_on_rank, 4, _cfg(tmp_path, module, **sptt), run)
     losses = train_losses(run)
     assert losses == pytest.approx(train_losses(single), abs=2e-5)
     assert np.mean(losses[-4:]) < np.mean(losses[:4])
     expected, _, _, _ = load_trained_model(single, torch.device("cpu"))
     got, _, _, meta = load_trained_model(run, torch.device("cpu"))
     assert isinstance(got, DmtDLRM) and meta["towers"]["rank"] == [0, 2]
+    plan = json.loads((run / "plan.json").read_text())
+    assert {p["sharding"] for p in plan["tables"]} == {tower_sharding}
     _assert_same_models(expected, got)
     # the run reports the DMT paper's Table 4-5 columns next to the baseline's
     cost = json.loads((run / "summary.json").read_text())["dmt"]

@@ -118,8 +118,9 @@ class ParallelConfig:
     copy of the tables and all-reduces only dense gradients.
 
     ``lookup``: ``flat`` (one all-to-all over all ranks) or ``sptt`` (DMT's topology-aware
-    exchange: tower t's tables on host t, table-wise; ``towers`` is a tower partition JSON
-    from ``distrec partition``, default the strided one). ``hosts`` x ``ranks_per_host``
+    exchange: tower t's tables on host t, ``tower_sharding`` table_wise or column_wise over
+    the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
+    default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
     """
 
@@ -131,6 +132,7 @@ class ParallelConfig:
     hosts: int | None = None
     ranks_per_host: int | None = None
     towers: str | None = None
+    tower_sharding: str = "table_wise"
 
 
 @dataclass
@@ -189,6 +191,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.decay": ("none", "linear", "cosine", "poly"),
     "parallel.embeddings": ("sharded", "local"),
     "parallel.lookup": ("flat", "sptt"),
+    "parallel.tower_sharding": ("table_wise", "column_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }

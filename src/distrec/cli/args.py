@@ -50,6 +50,7 @@ CONFIG_FIELDS = {
     "hosts": "parallel.hosts",
     "ranks_per_host": "parallel.ranks_per_host",
     "towers": "parallel.towers",
+    "tower_sharding": "parallel.tower_sharding",
     "memory_per_rank": "parallel.memory_per_rank",
     "tower_module": "model.tower_module",
     "compression": "model.tower_compression",

@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
     dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
+    dist_args.add_argument("--tower-sharding", choices=["table_wise", "column_wise"], help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column")
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
     dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")

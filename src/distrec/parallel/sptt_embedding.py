@@ -154,6 +154,7 @@ def sptt_embeddings(
     topology: Topology,
     towers: Sequence[Sequence[int]],
     device: torch.device | None = None,
+    sharding: str = "table_wise",
 ) -> SpttEmbeddingBagCollection:
     """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
@@ -164,8 +165,9 @@ def sptt_embeddings(
         towers: feature indices of each tower, one tower per host
             (``distrec.towers.partition.resolve_towers``).
         device: where the shards live.
+        sharding: ``table_wise`` or ``column_wise``, how a tower's tables split over its host's ranks.
     """
-    layout = FeatureLayout.from_towers(topology, towers)
+    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
     return SpttEmbeddingBagCollection.from_full_weights(tables, layout, topology.build_groups(), full, device=device)
 
 
@@ -208,15 +210,18 @@ class SpttTowerEmbeddings(nn.Module):
         return out.view(out.shape[0], self.num_vectors, self.dim)
 
 
-def sptt_tower_embeddings(tower_embeddings: nn.Module, topology: Topology, device: torch.device | None = None) -> SpttTowerEmbeddings:
+def sptt_tower_embeddings(
+    tower_embeddings: nn.Module, topology: Topology, device: torch.device | None = None, sharding: str = "table_wise"
+) -> SpttTowerEmbeddings:
     """The distributed form of a ``TowerEmbeddings`` built identically on every rank (collective).
 
     The tables start from ``tower_embeddings``' weights and each rank takes its host's tower
-    module (tower h on host h), so a distributed run starts where a single-process one does.
+    module (tower h on host h), so a distributed run starts where a single-process one does;
+    ``sharding`` is as in ``sptt_embeddings``.
     """
     bags = tower_embeddings.bags
     full = {t.name: bags.table_weight(t.name).detach() for t in bags.tables}
-    layout = FeatureLayout.from_towers(topology, tower_embeddings.towers)
+    layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
     groups = topology.build_groups()
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)
     sptt = SpttEmbeddingBagCollection.from_full_weights(bags.tables, layout, groups, full, module, tower_embeddings.tower_dims, device)

@@ -200,11 +200,11 @@ class Trainer:
         if self.distributed:
             embeddings = None
             if cfg.model.tower_module is not None:
-                embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device)
+                embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device, p.tower_sharding)
                 self.plan = embeddings.bags.plan
             elif topology is not None:
                 full = {t.name: model.embeddings.table_weight(t.name).detach() for t in self.tables}
-                embeddings = sptt_embeddings(self.tables, full, topology, self.towers, self.device)
+                embeddings = sptt_embeddings(self.tables, full, topology, self.towers, self.device, p.tower_sharding)
                 self.plan = embeddings.plan
             elif p.embeddings == "sharded":
                 self.plan = resolve_plan(self.tables, p, self.world_size)
