@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.train.loop import check_run, resume_config, train
 
     if args.resume:
-        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed") if getattr(args, f, None) is not None]
+        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
         if given or args.overrides or (args.out and Path(args.out) != Path(args.resume)):
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
             raise DistrecError(
