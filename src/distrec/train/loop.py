@@ -259,7 +259,8 @@ class Trainer:
 
     def _saves_towers(self) -> bool:
         """Whether this rank writes its tower modules (one rank per host: local rank 0)."""
-        return self.cfg.model.tower_module is not None and self.rank % (self.world_size // len(self.towers) if self.distributed else 1) == 0
+        meta = self._tower_meta()
+        return meta is not None and self.rank in meta["rank"]
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's part of a checkpoint: dense weights and optimizer, embedding blocks, progress, RNG."""
@@ -301,7 +302,7 @@ class Trainer:
             dense_optimizers = [o for o in self.optimizers if o is not sparse and o is not towers]
             for o, s in zip(dense_optimizers, own["dense_optimizers"]):
                 o.load_state_dict(s)
-            for optimizer, saved_groups in ((sparse, own["sparse_groups"]), (towers, own["tower_groups"])):
+            for optimizer, saved_groups in ((sparse, own["sparse_groups"]), (towers, own.get("tower_groups", []))):
                 if optimizer is not None:
                     for group, saved in zip(optimizer.param_groups, saved_groups):
                         group.update(saved)
