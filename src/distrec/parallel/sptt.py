@@ -91,7 +91,10 @@ class FeatureLayout:
         if sharding == "column_wise":
             L = topology.ranks_per_host
             if dim is None or dim < L:
-                raise DistrecError(f"column-wise towers need at least {L} embedding columns (one per rank of a host), got {dim}")
+                raise DistrecError(
+                    f"column-wise towers need at least {L} embedding columns (one per rank of a host), got {dim}; "
+                    "use --tower-sharding table_wise or a larger model.embedding_dim"
+                )
             cuts = [round(dim * l / L) for l in range(L + 1)]
             features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
             return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
