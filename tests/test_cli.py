@@ -222,3 +222,15 @@ def test_evaluate_errors(capsys, tmp_path, criteo_run, shared_data):
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", tmp_path, "--data", "x", "--data-format", "criteo"], "holds no checkpoint")
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", criteo_run, "--data", shared_data / "movielens",
                                    "--data-format", "movielens", "--no-progress"], "different features")
+
+
+def test_train_with_tower_modules_prints_the_dmt_costs(capsys, tmp_path):
+    status, stdout, _ = run_cli(capsys, "train", *TINY_RUN, "--tower-module", "dlrm", "--compression", "2", "--tower-p", "2",
+                                "--hosts", "2", "--ranks-per-host", "1", "--out", tmp_path / "run")
+    assert status == 0
+    line, last = stdout.strip().splitlines()[-2:]
+    cost = json.loads(last)["dmt"]
+    assert line.startswith("DMT (dlrm towers") and f"{cost['compression']:.2f}x" in line
+    assert cost["baseline_dense_parameters"] < cost["dense_parameters"]
+    assert_one_line_error(capsys, ["train", *TINY_RUN, "--tower-module", "dlrm"], "--towers FILE")
+    assert_one_line_error(capsys, ["train", "--resume", tmp_path / "run", "--tower-module", "dcn"], "--tower-module cannot change")

@@ -38,9 +38,14 @@ def _global_batch(rows: int, max_bag: int, seed: int) -> Batch:
     return Batch(torch.zeros(rows, 1), values, offsets, torch.zeros(rows))
 
 
-def _table_grads(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Dense gradients of this rank's tables (name -> [rows, D])."""
-    return {u.table: w.grad.to_dense()[start : start + u.num_rows] for u, w, start in _blocks(module)}
+def _table_grads(module: nn.Module, reference: EmbeddingBagCollection) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(table, dense gradient of this rank's block, the reference's gradient of the same block)."""
+    expected = reference.weight.grad.to_dense()
+    out = []
+    for u, w, start in _blocks(module):
+        first, _ = reference.table_rows(u.table)
+        out.append((u.table, w.grad.to_dense()[start : start + u.num_rows], expected[first : first + u.num_rows, u.col_start : u.col_end]))
+    return out
 
 
 def _blocks(module):
@@ -48,10 +53,10 @@ def _blocks(module):
         yield u, module.weights[module.unit_group[k]], module.unit_base[k]
 
 
-def _check(rank: int, world: int, hosts: int, max_bag: int) -> None:
+def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> None:
     topology = Topology(hosts, world // hosts)
     groups = topology.build_groups()
-    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)])
+    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)], sharding, DIM)
     torch.manual_seed(0)
     reference = EmbeddingBagCollection(TABLES)
     full = {t.name: reference.table_weight(t.name).detach().clone() for t in TABLES}
@@ -62,7 +67,6 @@ def _check(rank: int, world: int, hosts: int, max_bag: int) -> None:
 
     expected = reference(batch)
     (expected * upstream).sum().backward()
-    expected_grads = reference.weight.grad.to_dense()
 
     modules = [("sptt", SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, groups, full))]
     if all(layout.feature_counts):  # the flat module cannot back-propagate on a rank without tables
@@ -73,13 +77,12 @@ def _check(rank: int, world: int, hosts: int, max_bag: int) -> None:
         torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6, msg=lambda m: f"{name} values: {m}")
         # local-mean losses: world x the global gradient, which the exchanges scale back
         (out * upstream[mine]).sum().mul(world).backward()
-        for table, grad in _table_grads(module).items():
-            start, end = reference.table_rows(table)
-            torch.testing.assert_close(grad, expected_grads[start:end], msg=lambda m: f"{name} {table} grad: {m}")
+        for table, grad, expected_grad in _table_grads(module, reference):
+            torch.testing.assert_close(grad, expected_grad, msg=lambda m: f"{name} {table} grad: {m}")
 
     # tower modules: the host-summed parameter gradients equal the single-process ones
     host = topology.host(rank)
-    features = [f for r in topology.host_ranks(host) for f in layout.features_of_rank[r]]
+    features = layout.host_features(host)
     torch.manual_seed(100 + host)
     tower = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
     single = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
@@ -105,15 +108,16 @@ def test_sptt_module_equals_flat_and_unsharded_single_and_multi_hot(hosts, ranks
 
 
 def _run_both(rank: int, world: int, hosts: int) -> None:
-    for max_bag in (1, 4):  # single-hot, multi-hot
-        _check(rank, world, hosts, max_bag)
-    _check_uneven(rank, world, hosts)
+    for sharding in ("table_wise", "column_wise"):  # tower tables inside the host
+        for max_bag in (1, 4):  # single-hot, multi-hot
+            _check(rank, world, hosts, max_bag, sharding)
+        _check_uneven(rank, world, hosts, sharding)
 
 
-def _check_uneven(rank: int, world: int, hosts: int) -> None:
+def _check_uneven(rank: int, world: int, hosts: int, sharding: str) -> None:
     """Ranks with fewer samples (the last batch of an epoch): padded inside, same result."""
     topology = Topology(hosts, world // hosts)
-    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)])
+    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)], sharding, DIM)
     sizes = [LOCAL_BATCH - r % 3 for r in range(world)]  # 3, 2, 1, 3, ...
     starts = [sum(sizes[:r]) for r in range(world)]
     torch.manual_seed(0)
@@ -128,6 +132,5 @@ def _check_uneven(rank: int, world: int, hosts: int) -> None:
     out = module(batch.slice(mine.start, mine.stop))
     torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6)
     (out * upstream[mine]).sum().mul(world).backward()
-    for table, grad in _table_grads(module).items():
-        start, end = reference.table_rows(table)
-        torch.testing.assert_close(grad, reference.weight.grad.to_dense()[start:end])
+    for _, grad, expected_grad in _table_grads(module, reference):
+        torch.testing.assert_close(grad, expected_grad)

@@ -181,3 +181,18 @@ def test_sptt_equals_flat_all_to_all_in_values_and_gradients():
         port = free_port()
         ports += [port] if port not in ports else []
     mp.spawn(_exchange_worker, args=(ports,), nprocs=max(h * l for h, l, _ in CONFIGS))
+
+
+def test_layout_from_towers_column_wise_gives_every_rank_of_a_host_all_its_features_and_a_column_range():
+    t = Topology(2, 3)
+    layout = FeatureLayout.from_towers(t, [[4, 0], [1, 3, 2]], "column_wise", dim=8)
+    assert layout.features_of_rank == ((4, 0),) * 3 + ((1, 3, 2),) * 3
+    assert layout.columns_of_rank == ((0, 3), (3, 5), (5, 8)) * 2
+    assert layout.host_feature_counts() == [2, 3] and layout.exchange_order == [4, 0, 1, 3, 2]
+    assert layout.widths(8) == [6, 4, 6, 9, 6, 9]
+    # host 0's blocks side by side: rank 0 holds columns 0..2 of features 4 and 0, then ranks 1 and 2
+    index = layout.column_index(t.host_ranks(0), 8)
+    blocks = torch.cat([torch.arange(6), torch.arange(6, 10), torch.arange(10, 16)])
+    assert blocks[index].view(2, 8).tolist() == [[0, 1, 2, 6, 7, 10, 11, 12], [3, 4, 5, 8, 9, 13, 14, 15]]
+    with pytest.raises(DistrecError, match="at least 3 embedding columns"):
+        FeatureLayout.from_towers(t, [[4, 0], [1, 3, 2]], "column_wise", dim=2)

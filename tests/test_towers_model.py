@@ -25,7 +25,7 @@ def test_tower_embeddings_apply_each_tower_to_its_features_and_cut_vectors_of_wi
     out = module(batch)
     # tower of F features gives D * (F + 1) floats: (2 + 1) + (3 + 1) vectors of width 4
     assert out.shape == (6, 7, 4)
-    pooled = module.tables(batch)
+    pooled = module.bags(batch)
     expected = torch.cat([m(pooled[:, t]) for m, t in zip(module.modules_by_tower, TOWERS)], dim=1)
     torch.testing.assert_close(out.flatten(1), expected)
 
@@ -36,9 +36,10 @@ def test_dmt_dlrm_trains_tower_modules_as_dense_parameters():
     batch = _batch()
     assert model(batch).shape == (6,)
     sparse = {id(p) for p in model.sparse_parameters()}
-    assert sparse == {id(model.embeddings.tables.weight)}
+    assert sparse == {id(model.embeddings.bags.weight)}
     assert all(id(p) not in sparse for p in model.embeddings.modules_by_tower.parameters())
-    assert len(model.dense_parameters()) + 1 == len(list(model.parameters()))
+    towers = len(model.tower_parameters())
+    assert towers == 8 and len(model.dense_parameters()) + towers + 1 == len(list(model.parameters()))
 
 
 def test_towers_must_cover_every_feature_once():

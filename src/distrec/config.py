@@ -58,6 +58,12 @@ class ModelConfig:
     a layer of width ``embedding_dim`` (so dense and sparse vectors can be dotted) and the
     top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
     ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
+
+    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.towers.model``):
+    one tower module per tower of ``parallel.towers`` maps the tower's pooled embeddings to
+    vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
+    ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
+    the DLRM tower's c and p, ``tower_cross_layers`` the DCN tower's cross layers.
     """
 
     preset: str = "dlrm-kaggle"
@@ -71,6 +77,12 @@ class ModelConfig:
     cross_low_rank: int = 0
     dcn_structure: str = "parallel"
     deep_mlp: list[int] = field(default_factory=lambda: [512, 256])
+    tower_module: str | None = None
+    tower_dim: int | None = None
+    tower_compression: float = 4.0
+    tower_c: int = 1
+    tower_p: int = 1
+    tower_cross_layers: int = 2
 
 
 @dataclass
@@ -108,8 +120,9 @@ class ParallelConfig:
     copy of the tables and all-reduces only dense gradients.
 
     ``lookup``: ``flat`` (one all-to-all over all ranks) or ``sptt`` (DMT's topology-aware
-    exchange: tower t's tables on host t, table-wise; ``towers`` is a tower partition JSON
-    from ``distrec partition``, default the strided one). ``hosts`` x ``ranks_per_host``
+    exchange: tower t's tables on host t, ``tower_sharding`` table_wise or column_wise over
+    the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
+    default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
     """
 
@@ -121,6 +134,7 @@ class ParallelConfig:
     hosts: int | None = None
     ranks_per_host: int | None = None
     towers: str | None = None
+    tower_sharding: str = "table_wise"
 
 
 @dataclass
@@ -173,11 +187,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("dlrm", "dcn"),
     "model.interaction": ("dot", "cat"),
     "model.dcn_structure": ("parallel", "stacked"),
+    "model.tower_module": ("dlrm", "dcn"),
     "train.optimizer": ("sgd", "adagrad", "adam"),
     "train.embedding_optimizer": ("sgd", "adagrad", "adam"),
     "train.decay": ("none", "linear", "cosine", "poly"),
     "parallel.embeddings": ("sharded", "local"),
     "parallel.lookup": ("flat", "sptt"),
+    "parallel.tower_sharding": ("table_wise", "column_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
@@ -363,6 +379,15 @@ def validate(cfg: RunConfig) -> None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
     if cfg.parallel.lookup == "sptt" and (cfg.parallel.embeddings != "sharded" or cfg.parallel.plan or cfg.parallel.sharding):
         raise DistrecError("parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding")
+    if m.tower_module is not None:
+        if m.arch != "dlrm" or m.interaction != "dot":
+            raise DistrecError("model.tower_module needs model.arch dlrm with the dot interaction (DMT-DLRM); use a DLRM preset")
+        if cfg.hotline.enabled:
+            raise DistrecError("--tower-module and --hotline cannot be combined; drop one of them")
+        if cfg.parallel.towers is None and cfg.parallel.hosts is None:
+            raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
+        if m.tower_compression <= 0 or (m.tower_dim is not None and m.tower_dim < 1):
+            raise DistrecError("model.tower_compression must be positive and model.tower_dim at least 1; e.g. --compression 4")
     if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
         raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:

@@ -20,6 +20,8 @@ examples:
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
   distrec train --hotline --hot-budget 64MB --sample-rate 0.05 --relearn-every 200 --out runs/hot
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
+  distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \
+      --tower-module dlrm --compression 4 --out runs/dmt   # DMT-DLRM; summary.json gets "dmt"
 """
 
 
@@ -49,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
     dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
+    dist_args.add_argument("--tower-sharding", choices=["table_wise", "column_wise"], help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column")
+    dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
+    dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
+    dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")
+    dmt.add_argument("--tower-dim", type=int, metavar="D", help="width D of the tower modules' output vectors (instead of --compression)")
+    dmt.add_argument("--tower-c", type=int, metavar="C", help="DLRM tower: outputs of width D per feature (default 1)")
+    dmt.add_argument("--tower-p", type=int, metavar="P", help="DLRM tower: outputs of width D mixing all features (default 1)")
     hot = train.add_argument_group("Hotline (one process): hot rows in a fast tier, the rest in a slow tier (on CPU a file on disk)")
     hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's two tiers and micro-batch pipeline")
     hot.add_argument("--hot-budget", metavar="SIZE", help="fast-tier bytes for hot rows, e.g. 512MB (default 512MB)")
@@ -97,7 +106,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.train.loop import check_run, resume_config, train
 
     if args.resume:
-        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed") if getattr(args, f, None) is not None]
+        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
         if given or args.overrides or (args.out and Path(args.out) != Path(args.resume)):
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
             raise DistrecError(
@@ -118,8 +127,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     resume = bool(args.resume) or _restarted_with_checkpoint(out)
     summary = train(cfg, out, resume=resume, progress=not args.no_progress)
     if summary is not None:
+        if "dmt" in summary:
+            print(dmt_line(summary["dmt"]))
         print(json.dumps(summary))
     return 0
+
+
+def dmt_line(cost: dict) -> str:
+    """One line comparing a DMT model's size and compute with its baseline's."""
+    return (
+        f"DMT ({cost['tower_module']} towers, D={cost['tower_dim']}): {cost['compression']:.2f}x fewer floats cross hosts, "
+        f"{cost['mflops_per_sample']:.4f} MFLOPs/sample (baseline {cost['baseline_mflops_per_sample']:.4f}), "
+        f"{cost['dense_parameters']:,} dense parameters (baseline {cost['baseline_dense_parameters']:,})"
+    )
 
 
 def _restarted_with_checkpoint(out: Path) -> bool:

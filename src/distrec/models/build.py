@@ -13,11 +13,17 @@ from distrec.tables import TableConfig
 
 
 def build_model(
-    model_cfg: ModelConfig, num_dense: int, tables: list[TableConfig], device: torch.device | str | None = None
+    model_cfg: ModelConfig,
+    num_dense: int,
+    tables: list[TableConfig],
+    device: torch.device | str | None = None,
+    towers: list[list[int]] | None = None,
 ) -> RecommendationModel:
     """The model that ``model_cfg`` describes, for ``num_dense`` dense features and ``tables``.
 
     Every table must have ``dim == model_cfg.embedding_dim`` (build the tables with it).
+    With ``model_cfg.tower_module`` set it is a DMT-DLRM over ``towers`` (feature indices of
+    each tower, see ``distrec.towers.partition.resolve_towers``).
 
     Example:
         >>> cfg = ModelConfig(); apply_preset(cfg, "tiny")
@@ -29,6 +35,14 @@ def build_model(
                 f"table {t.name!r} has dim {t.dim} but model.embedding_dim is {model_cfg.embedding_dim}; "
                 "build the tables with dim=model.embedding_dim"
             )
+    if model_cfg.tower_module is not None:
+        from distrec.towers.model import DmtDLRM, tower_spec
+
+        if towers is None:
+            raise DistrecError("a model with tower modules needs towers; pass --towers FILE from 'distrec partition'")
+        spec = tower_spec(model_cfg, [len(t) for t in towers])
+        dmt = DmtDLRM(num_dense, tables, towers, spec, model_cfg.bottom_mlp, model_cfg.top_mlp, model_cfg.self_interaction)
+        return dmt.to(device)
     if model_cfg.arch == "dlrm":
         return DLRM(
             num_dense,

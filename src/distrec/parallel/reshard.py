@@ -72,8 +72,11 @@ def held_blocks(embeddings: nn.Module, include_replicas: bool = True) -> list[He
     """Every block of table weights that ``embeddings`` holds on this process.
 
     ``include_replicas=False`` leaves out the data-parallel replicas of a sharded module
-    (identical on every rank, so one rank's copy is enough in a checkpoint).
+    (identical on every rank, so one rank's copy is enough in a checkpoint). A module that
+    wraps its tables with more layers (DMT's tower embeddings) holds them as ``bags``.
     """
+    if isinstance(getattr(embeddings, "bags", None), nn.Module):
+        return held_blocks(embeddings.bags, include_replicas)
     if isinstance(embeddings, EmbeddingBagCollection):
         out = []
         for t in embeddings.tables:

@@ -15,9 +15,12 @@ global feature order.
   Without a tower module the result equals ``flat_exchange``'s exactly, in values and
   gradients; only (f) crosses hosts, in H - 1 messages instead of (H - 1) x L.
 
-Feature mapping (``FeatureLayout.from_towers``): tower t is placed on host t and its
-features are split table-wise over the host's ranks in contiguous, balanced runs, so rank
-``(t, l)`` pools the l-th run of tower t's features.
+Feature mapping (``FeatureLayout.from_towers``): tower t is placed on host t, inside the
+host either table-wise (its features split over the host's ranks in contiguous, balanced
+runs, so rank ``(t, l)`` pools the l-th run of tower t's features) or column-wise (every
+rank of the host pools all of tower t's features, rank ``(t, l)`` the l-th range of their
+columns). Either way, a rank's pooled tensor is ``[B, F_rank, D_rank]`` (D_rank = D when
+table-wise), and the exchanges put the received columns back into feature order.
 
 Both exchanges are differentiable (``distrec.parallel.comm.differentiable_all_to_all``: the
 backward of each all-to-all is the reverse all-to-all of the gradients). Tensors stay on
@@ -37,6 +40,8 @@ from distrec.errors import DistrecError
 from distrec.parallel.comm import differentiable_all_to_all
 from distrec.parallel.topology import Topology, TopologyGroups
 
+TOWER_SHARDINGS = ("table_wise", "column_wise")
+
 
 @dataclass(frozen=True)
 class FeatureLayout:
@@ -45,11 +50,16 @@ class FeatureLayout:
     Attributes:
         topology: the cluster.
         features_of_rank: for each rank, the global indices of the features it pools, in
-            the order of its pooled tensor's columns. Every feature appears exactly once.
+            the order of its pooled tensor's columns. Every feature is on one host; it is on
+            one rank, or (column-wise) on every rank of its host.
+        columns_of_rank: column-wise only: for each rank, the range ``[start, end)`` of the
+            embedding columns it pools (the host's ranks' ranges tile ``[0, D)``); None when
+            every rank pools whole features.
     """
 
     topology: Topology
     features_of_rank: tuple[tuple[int, ...], ...]
+    columns_of_rank: tuple[tuple[int, int], ...] | None = None
     _index_by_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,18 +69,35 @@ class FeatureLayout:
                 f"{self.topology.world_size}; build it for this topology"
             )
         order = self.exchange_order
-        if sorted(order) != list(range(len(order))):
-            raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank; fix the towers")
+        if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != len(order) * (
+            1 if self.columns_of_rank is None else self.topology.ranks_per_host
+        ):
+            raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank (or host); fix the towers")
 
     @classmethod
-    def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]]) -> FeatureLayout:
-        """Tower t on host t, its features split table-wise over the host's ranks (contiguous runs)."""
+    def from_towers(
+        cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None
+    ) -> FeatureLayout:
+        """Tower t on host t, split over the host's ranks ``table_wise`` (contiguous runs of
+        features) or ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns)."""
+        if sharding not in TOWER_SHARDINGS:
+            raise DistrecError(f"tower sharding {sharding!r} is unknown; choose one of: {', '.join(TOWER_SHARDINGS)}")
         if len(towers) != topology.hosts:
             raise DistrecError(
                 f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host"
             )
         if any(len(tower) == 0 for tower in towers):
             raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
+        if sharding == "column_wise":
+            L = topology.ranks_per_host
+            if dim is None or dim < L:
+                raise DistrecError(
+                    f"column-wise towers need at least {L} embedding columns (one per rank of a host), got {dim}; "
+                    "use --tower-sharding table_wise or a larger model.embedding_dim"
+                )
+            cuts = [round(dim * l / L) for l in range(L + 1)]
+            features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
+            return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
         runs = [
             tuple(int(f) for f in run)
             for tower in towers
@@ -80,22 +107,59 @@ class FeatureLayout:
 
     @property
     def num_features(self) -> int:
-        return sum(self.feature_counts)
+        return len(self.exchange_order)
+
+    def widths(self, dim: int) -> list[int]:
+        """Floats per sample each rank pools, for embeddings of ``dim`` columns."""
+        if self.columns_of_rank is None:
+            return [count * dim for count in self.feature_counts]
+        return [count * (end - start) for count, (start, end) in zip(self.feature_counts, self.columns_of_rank)]
+
+    def column_index(self, ranks: Sequence[int], dim: int, device: torch.device | None = None) -> torch.Tensor | None:
+        """int64 [F_ranks * dim]: the columns that ``ranks``' blocks, side by side, hold of
+        each of their features in order; None when they are in order already (table-wise).
+
+        Indexing the side-by-side blocks ``[rows, sum of widths]`` with it gives
+        ``[rows, F_ranks * dim]``, features in ``ranks``' order of first appearance (cached).
+        """
+        if self.columns_of_rank is None:
+            return None
+        key = (tuple(ranks), dim, torch.device("cpu") if device is None else torch.device(device))
+        if key not in self._index_by_device:
+            position: dict[tuple[int, int], int] = {}
+            offset = 0
+            for r in ranks:
+                start, end = self.columns_of_rank[r]
+                for f in self.features_of_rank[r]:
+                    for c in range(start, end):
+                        position[(f, c)] = offset
+                        offset += 1
+            features = list(dict.fromkeys(f for r in ranks for f in self.features_of_rank[r]))
+            index = torch.tensor([position[(f, c)] for f in features for c in range(dim)], dtype=torch.int64)
+            self._index_by_device[key] = index.to(key[2])
+        return self._index_by_device[key]
+
+    def dim(self, pooled_width: int) -> int:
+        """D, the embedding columns of a feature, from the width of a rank's pooled tensor."""
+        return pooled_width if self.columns_of_rank is None else max(end for _, end in self.columns_of_rank)
 
     @cached_property
     def feature_counts(self) -> list[int]:
         """Features pooled by each rank."""
         return [len(f) for f in self.features_of_rank]
 
+    def host_features(self, host: int) -> list[int]:
+        """The features of ``host``'s tower, in the order its ranks hold them."""
+        return list(dict.fromkeys(f for r in self.topology.host_ranks(host) for f in self.features_of_rank[r]))
+
     def host_feature_counts(self) -> list[int]:
         """Features of each host's tower (F_host)."""
-        t = self.topology
-        return [sum(self.feature_counts[r] for r in t.host_ranks(h)) for h in range(t.hosts)]
+        return [len(self.host_features(h)) for h in range(self.topology.hosts)]
 
     @cached_property
     def exchange_order(self) -> list[int]:
-        """Global feature indices in the order the exchanges deliver them (rank by rank)."""
-        return [f for features in self.features_of_rank for f in features]
+        """Global feature indices in the order the exchanges deliver them (host by host)."""
+        return [f for h in range(self.topology.hosts) for f in self.host_features(h)]
 
     def global_index(self, device: torch.device | None = None) -> torch.Tensor:
         """int64 [F]: position, in the exchange order, of each feature of the global order (cached)."""
@@ -156,11 +220,12 @@ def flat_exchange(pooled: torch.Tensor, layout: FeatureLayout, rank: int, group:
         ``[b, F, D]`` this rank's samples with every feature, in the global feature order.
     """
     b = _check_input(pooled, layout, rank)
-    dim = pooled.shape[2]
-    widths = [count * dim for count in layout.feature_counts]
+    dim = layout.dim(pooled.shape[2])
+    widths = layout.widths(dim)
     send_splits = [b * pooled[0].numel()] * layout.topology.world_size
     recv = differentiable_all_to_all(pooled.reshape(-1), [b * w for w in widths], send_splits, group)
-    return to_global_order(blocks_to_columns(recv, b, widths).view(b, -1, dim), layout)
+    columns = _in_feature_order(blocks_to_columns(recv, b, widths), layout, range(layout.topology.world_size), dim)
+    return to_global_order(columns.view(b, -1, dim), layout)
 
 
 def sptt_exchange(
@@ -189,9 +254,9 @@ def sptt_exchange(
     """
     topology = layout.topology
     b = _check_input(pooled, layout, groups.rank)
-    hosts, dim = topology.hosts, pooled.shape[2]
+    hosts, dim = topology.hosts, layout.dim(pooled.shape[2])
     host = topology.host(groups.rank)
-    source_widths = [layout.feature_counts[r] * dim for r in topology.host_ranks(host)]
+    source_widths = [layout.widths(dim)[r] for r in topology.host_ranks(host)]
     peer_rows = hosts * b
     # (c) + (d): block l of the peer-ordered rows goes to local rank l
     send = to_peer_order(pooled, topology).reshape(-1)
@@ -200,7 +265,7 @@ def sptt_exchange(
         send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale
     )
     # (e)
-    tower = blocks_to_columns(recv, peer_rows, source_widths)
+    tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
     if tower_module is None:
         tower_out, out_widths = tower, [f * dim for f in layout.host_feature_counts()]
     else:
@@ -216,6 +281,12 @@ def sptt_exchange(
     recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
     out = blocks_to_columns(recv, b, out_widths)
     return out if tower_module is not None else to_global_order(out.view(b, -1, dim), layout)
+
+
+def _in_feature_order(columns: torch.Tensor, layout: FeatureLayout, ranks: Sequence[int], dim: int) -> torch.Tensor:
+    """``ranks``' blocks side by side -> whole features in order (a no-op when table-wise)."""
+    index = layout.column_index(ranks, dim, columns.device)
+    return columns if index is None else columns.index_select(1, index)
 
 
 def _check_input(pooled: torch.Tensor, layout: FeatureLayout, rank: int) -> int:

@@ -1,6 +1,7 @@
 """The sharded embedding collection with SPTT instead of the flat output all-to-all.
 
-Tower t's tables live on host t, table-wise over its ranks (``FeatureLayout.from_towers``).
+Tower t's tables live on host t, table-wise or column-wise over its ranks
+(``FeatureLayout.from_towers``).
 Forward on every rank (DMT, Luo et al., MLSys 2024, Fig. 7):
 
 (a) input all-to-all: the bags of every feature go to the rank holding its table (the
@@ -27,7 +28,6 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -41,14 +41,16 @@ from distrec.tables import TableConfig
 
 
 def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> ShardingPlan:
-    """The table-wise plan that puts table f on the rank of ``layout`` that pools feature f."""
-    owner = {f: rank for rank, features in enumerate(layout.features_of_rank) for f in features}
+    """The plan that puts table f on the rank(s) of ``layout`` that pool feature f: table-wise,
+    or column-wise over its host's ranks when the layout splits columns."""
+    shards: dict[int, list[Shard]] = {f: [] for f in range(len(tables))}
+    for rank, features in enumerate(layout.features_of_rank):
+        for f in features:
+            start, end = layout.columns_of_rank[rank] if layout.columns_of_rank is not None else (0, tables[f].dim)
+            shards[f].append(Shard(rank, 0, tables[f].num_rows, start, end))
     return ShardingPlan(
         layout.topology.world_size,
-        [
-            TablePlacement(t.name, "table_wise", [Shard(owner[f], 0, t.num_rows, 0, t.dim)])
-            for f, t in enumerate(tables)
-        ],
+        [TablePlacement(t.name, "table_wise" if len(shards[f]) == 1 else "column_wise", shards[f]) for f, t in enumerate(tables)],
     )
 
 
@@ -139,38 +141,91 @@ def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
     )
 
 
+def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None) -> Topology:
+    """The topology of a run: ``hosts`` x ``ranks_per_host`` (default: torchrun's environment), checked against ``world_size``."""
+    topology = Topology(hosts, ranks_per_host) if hosts is not None else Topology.from_env()
+    topology.check_world_size(world_size)
+    return topology
+
+
 def sptt_embeddings(
     tables: list[TableConfig],
     full: dict[str, torch.Tensor],
-    world_size: int,
-    hosts: int | None = None,
-    ranks_per_host: int | None = None,
-    towers_file: str | None = None,
+    topology: Topology,
+    towers: Sequence[Sequence[int]],
     device: torch.device | None = None,
+    sharding: str = "table_wise",
 ) -> SpttEmbeddingBagCollection:
-    """The SPTT module of a training run (call on every rank, at the same point).
+    """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
     Args:
         tables: the model's tables, in feature order.
         full: every table's full initial weight (name -> [rows, D]).
-        world_size: the job's ranks; must equal hosts x ranks_per_host.
-        hosts, ranks_per_host: the topology (default: torchrun's environment).
-        towers_file: a tower partition from ``distrec partition`` with one tower per host
-            (default: the strided assignment, feature i on host i % hosts).
+        topology: the run's topology (``run_topology``).
+        towers: feature indices of each tower, one tower per host
+            (``distrec.towers.partition.resolve_towers``).
         device: where the shards live.
+        sharding: ``table_wise`` or ``column_wise``, how a tower's tables split over its host's ranks.
     """
-    from distrec.towers.partition import TowerPartition, naive_assignment
-
-    topology = Topology(hosts, ranks_per_host) if hosts is not None else Topology.from_env()
-    topology.check_world_size(world_size)
-    names = [t.name for t in tables]
-    if towers_file is not None:
-        towers = TowerPartition.load(towers_file).feature_indices(names)
-    else:
-        strided = naive_assignment(len(tables), topology.hosts)
-        towers = [[int(f) for f in np.flatnonzero(strided == h)] for h in range(topology.hosts)]
-    layout = FeatureLayout.from_towers(topology, towers)
+    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
     return SpttEmbeddingBagCollection.from_full_weights(tables, layout, topology.build_groups(), full, device=device)
+
+
+class SpttTowerEmbeddings(nn.Module):
+    """The distributed form of ``distrec.towers.model.TowerEmbeddings``: ``Batch -> [b, K, D]``.
+
+    Host h holds tower h's tables (over its ranks) and a copy of tower h's module on each of
+    its ranks; SPTT applies the module at step (e), so only its outputs cross hosts. The
+    result equals ``TowerEmbeddings``' output for this rank's samples.
+
+    Args:
+        bags: the SPTT module, built with this host's tower module and every tower's width.
+        num_vectors: K, the towers' outputs in vectors of width ``dim``.
+        dim: D, the tower modules' width unit.
+    """
+
+    def __init__(self, bags: SpttEmbeddingBagCollection, num_vectors: int, dim: int) -> None:
+        super().__init__()
+        if bags.tower_module is None:
+            raise ValueError("SpttTowerEmbeddings needs an SPTT module built with a tower module")
+        self.bags = bags
+        self.host = bags.layout.topology.host(bags.rank)
+        self.num_vectors, self.dim = num_vectors, dim
+
+    @property
+    def stats(self):
+        """The exchanges' bytes and times of the last forward (``ExchangeStats``)."""
+        return self.bags.stats
+
+    def tower_modules(self) -> dict[int, nn.Module]:
+        """The tower modules held here, by tower index (this host's)."""
+        return {self.host: self.bags.tower_module}
+
+    def sync_tower_grads(self) -> None:
+        """Synchronise this host's tower-module gradients inside the host (before the optimizer step)."""
+        sync_tower_grads(self.bags.tower_module, self.bags.groups, self.bags.world_size)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        out = self.bags(batch)
+        return out.view(out.shape[0], self.num_vectors, self.dim)
+
+
+def sptt_tower_embeddings(
+    tower_embeddings: nn.Module, topology: Topology, device: torch.device | None = None, sharding: str = "table_wise"
+) -> SpttTowerEmbeddings:
+    """The distributed form of a ``TowerEmbeddings`` built identically on every rank (collective).
+
+    The tables start from ``tower_embeddings``' weights and each rank takes its host's tower
+    module (tower h on host h), so a distributed run starts where a single-process one does;
+    ``sharding`` is as in ``sptt_embeddings``.
+    """
+    bags = tower_embeddings.bags
+    full = {t.name: bags.table_weight(t.name).detach() for t in bags.tables}
+    layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
+    groups = topology.build_groups()
+    module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)
+    sptt = SpttEmbeddingBagCollection.from_full_weights(bags.tables, layout, groups, full, module, tower_embeddings.tower_dims, device)
+    return SpttTowerEmbeddings(sptt, tower_embeddings.num_vectors, tower_embeddings.dim)
 
 
 def sync_tower_grads(module: nn.Module, groups: TopologyGroups, world_size: int) -> None:

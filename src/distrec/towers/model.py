@@ -16,11 +16,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 from torch import nn
 
+from distrec.config import ModelConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
@@ -28,7 +30,17 @@ from distrec.models.embedding import EmbeddingBagCollection
 from distrec.models.interaction import DotInteraction
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
-from distrec.towers.modules import TowerModuleSpec
+from distrec.towers.modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
+
+
+def tower_spec(model_cfg: ModelConfig, tower_sizes: Sequence[int]) -> TowerModuleSpec:
+    """The tower-module design ``model_cfg`` asks for, for towers of ``tower_sizes`` features."""
+    m = model_cfg
+    if m.tower_dim is not None:
+        return TowerModuleSpec(m.tower_module, m.tower_dim, m.tower_c, m.tower_p, m.tower_cross_layers)
+    return TowerModuleSpec.for_compression(
+        m.tower_module, tower_sizes, m.embedding_dim, m.tower_compression, m.tower_c, m.tower_p, m.tower_cross_layers
+    )
 
 
 class TowerEmbeddings(nn.Module):
@@ -45,14 +57,24 @@ class TowerEmbeddings(nn.Module):
         listed = sorted(f for tower in towers for f in tower)
         if listed != list(range(len(tables))) or any(not tower for tower in towers):
             raise DistrecError("towers must place every feature in exactly one non-empty tower; regenerate them with 'distrec partition'")
-        self.tables = EmbeddingBagCollection(tables)
+        self.bags = EmbeddingBagCollection(tables)
         self.towers = [list(tower) for tower in towers]
+        self.spec = spec
         self.dim = spec.dim
-        self.modules_by_tower = nn.ModuleList([spec.build(len(tower), self.tables.dim) for tower in self.towers])
-        self.num_vectors = sum(spec.output_dim(len(tower)) for tower in self.towers) // spec.dim
+        self.modules_by_tower = nn.ModuleList([spec.build(len(tower), self.bags.dim) for tower in self.towers])
+        self.num_vectors = sum(self.tower_dims) // spec.dim
+
+    @property
+    def tower_dims(self) -> list[int]:
+        """Output width (floats per sample) of each tower's module."""
+        return [self.spec.output_dim(len(tower)) for tower in self.towers]
+
+    def tower_modules(self) -> dict[int, nn.Module]:
+        """The tower modules held here, by tower index (all of them)."""
+        return dict(enumerate(self.modules_by_tower))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        pooled = self.tables(batch)
+        pooled = self.bags(batch)
         outs = [module(pooled[:, tower]) for module, tower in zip(self.modules_by_tower, self.towers)]
         return torch.cat(outs, dim=1).view(batch.batch_size, self.num_vectors, self.dim)
 
@@ -60,7 +82,10 @@ class TowerEmbeddings(nn.Module):
 class DmtDLRM(RecommendationModel):
     """DLRM whose sparse vectors are the towers' outputs (DMT, Luo et al., MLSys 2024).
 
-    Only the tables get sparse gradients; the tower modules are dense parameters.
+    Only the tables get sparse gradients; the tower modules are dense parameters, kept
+    apart as ``tower_parameters`` (when distributed, synchronised inside their host only).
+    ``embeddings`` is a ``TowerEmbeddings`` or, distributed, an ``SpttTowerEmbeddings``;
+    both expose ``tower_modules()``.
     """
 
     def __init__(
@@ -80,13 +105,43 @@ class DmtDLRM(RecommendationModel):
         self.interaction = DotInteraction(self.embeddings.num_vectors, has_dense=num_dense > 0, self_interaction=self_interaction)
         self.top = mlp([self.interaction.output_width(dim), *top_mlp, 1])
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
-        return list(self.embeddings.tables.parameters())
+    def tower_parameters(self) -> list[nn.Parameter]:
+        return [p for module in self.embeddings.tower_modules().values() for p in module.parameters()]
 
-    def dense_parameters(self) -> list[nn.Parameter]:
-        sparse = {id(p) for p in self.sparse_parameters()}
-        return [p for p in self.parameters() if id(p) not in sparse]
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        towers = {id(p) for p in self.tower_parameters()}
+        return [p for p in self.embeddings.parameters() if id(p) not in towers]
 
     def forward(self, batch: Batch) -> torch.Tensor:
         dense = self.bottom(batch.dense) if self.bottom is not None else None
         return self.top(self.interaction(dense, self.embeddings(batch))).squeeze(1)
+
+
+def dmt_cost(model_cfg: ModelConfig, num_dense: int, tables: list[TableConfig], towers: Sequence[Sequence[int]], rows: int = 64) -> dict:
+    """The DMT paper's Tables 4-5 columns for a DMT-DLRM and its baseline (the same config without towers).
+
+    Returns ``compression`` (floats per sample crossing hosts without towers / with them),
+    ``mflops_per_sample`` (forward, matrix products only, see ``mflops_per_sample``) and
+    ``dense_parameters`` (everything but the tables, tower modules included), and the last
+    two as ``baseline_*``. Built with one-row stand-in tables, so no table is allocated.
+    """
+    from distrec.models.build import build_model
+
+    stand_in = [dataclasses.replace(t, num_rows=1) for t in tables]
+    bags = rows * len(tables)
+    batch = Batch(torch.zeros(rows, num_dense), torch.zeros(bags, dtype=torch.int64), torch.arange(bags + 1), torch.zeros(rows))
+    dmt = build_model(model_cfg, num_dense, stand_in, towers=[list(t) for t in towers])
+    baseline = build_model(dataclasses.replace(model_cfg, tower_module=None), num_dense, stand_in)
+
+    def dense_size(model: RecommendationModel) -> int:
+        return num_parameters(model) - sum(p.numel() for p in model.sparse_parameters())
+
+    return {
+        "tower_module": model_cfg.tower_module,
+        "tower_dim": dmt.embeddings.dim,
+        "compression": compression_ratio(dmt.embeddings.spec, [len(t) for t in towers], model_cfg.embedding_dim),
+        "mflops_per_sample": mflops_per_sample(dmt, batch),
+        "dense_parameters": dense_size(dmt),
+        "baseline_mflops_per_sample": mflops_per_sample(baseline, batch),
+        "baseline_dense_parameters": dense_size(baseline),
+    }

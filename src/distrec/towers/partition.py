@@ -198,6 +198,16 @@ def naive_assignment(num_features: int, num_towers: int) -> np.ndarray:
     return np.arange(num_features, dtype=np.int64) % num_towers
 
 
+def resolve_towers(names: Sequence[str], towers_file: str | None, num_towers: int | None) -> list[list[int]]:
+    """Each tower as indices into ``names``: from a ``distrec partition`` file, else strided over ``num_towers``."""
+    if towers_file is not None:
+        return TowerPartition.load(towers_file).feature_indices(names)
+    if num_towers is None:
+        raise DistrecError("towers are needed; pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
+    strided = naive_assignment(len(names), num_towers)
+    return [[int(f) for f in np.flatnonzero(strided == t)] for t in range(num_towers)]
+
+
 def partition_features(
     names: Sequence[str],
     num_towers: int,

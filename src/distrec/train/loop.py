@@ -35,12 +35,23 @@ from distrec.parallel.comm import init_from_env
 from distrec.parallel.parallelize import embedding_divergence, parallelize_model, resolve_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.reshard import export_blocks
-from distrec.parallel.sptt_embedding import sptt_embeddings
+from distrec.parallel.sptt_embedding import SpttTowerEmbeddings, run_topology, sptt_embeddings, sptt_tower_embeddings
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
-from distrec.train.checkpoint import find_checkpoint, load_state, read_meta, restore_embeddings, save_checkpoint, save_checkpoint_collectively
+from distrec.train.checkpoint import (
+    find_checkpoint,
+    load_state,
+    read_meta,
+    restore_embeddings,
+    restore_towers,
+    save_checkpoint,
+    save_checkpoint_collectively,
+)
 from distrec.train.metrics import click_metrics
-from distrec.train.optim import SparseRowOptimizer, make_optimizers
+from distrec.towers.checkpoint import export_towers
+from distrec.towers.model import dmt_cost
+from distrec.towers.partition import resolve_towers
+from distrec.train.optim import SparseRowOptimizer, make_optimizers, optimizer_of
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
 
@@ -174,15 +185,26 @@ class Trainer:
         self.hotline: HotlineTraining | None = None
         if cfg.hotline.enabled:
             check_world_size(self.world_size)
+        p = cfg.parallel
+        topology = run_topology(self.world_size, p.hosts, p.ranks_per_host) if self.distributed and p.lookup == "sptt" else None
+        if self.distributed and cfg.model.tower_module is not None and topology is None:
+            raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
+        self.towers: list[list[int]] | None = None
+        if cfg.model.tower_module is not None or topology is not None:
+            self.towers = resolve_towers([t.name for t in self.tables], p.towers, topology.hosts if topology else p.hosts)
         # built on the host so that every rank draws the same initial weights in any setup;
         # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
-        model = build_model(cfg.model, self.dataset.num_dense, stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables, device="cpu")
+        tables = stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables
+        model = build_model(cfg.model, self.dataset.num_dense, tables, device="cpu", towers=self.towers)
+        self.dmt_cost = dmt_cost(cfg.model, self.dataset.num_dense, self.tables, self.towers) if cfg.model.tower_module and self.rank == 0 else None
         if self.distributed:
-            p = cfg.parallel
             embeddings = None
-            if p.lookup == "sptt":
+            if cfg.model.tower_module is not None:
+                embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device, p.tower_sharding)
+                self.plan = embeddings.bags.plan
+            elif topology is not None:
                 full = {t.name: model.embeddings.table_weight(t.name).detach() for t in self.tables}
-                embeddings = sptt_embeddings(self.tables, full, self.world_size, p.hosts, p.ranks_per_host, p.towers, self.device)
+                embeddings = sptt_embeddings(self.tables, full, topology, self.towers, self.device, p.tower_sharding)
                 self.plan = embeddings.plan
             elif p.embeddings == "sharded":
                 self.plan = resolve_plan(self.tables, p, self.world_size)
@@ -204,6 +226,8 @@ class Trainer:
             self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.total_steps)
             replicas = getattr(self.model.embeddings, "replicas", None)
             sync = self.model.embeddings.sync_replica_grads if replicas is not None and len(replicas) else None
+            if isinstance(self.model.embeddings, SpttTowerEmbeddings):
+                sync = self.model.embeddings.sync_tower_grads
             self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
         self.timer.watch_embeddings(self.model.embeddings)
         self.progress = Progress()
@@ -232,6 +256,14 @@ class Trainer:
     def _sparse_optimizer(self) -> Optimizer | None:
         return next((o for o in self.optimizers if isinstance(o, SparseRowOptimizer)), None)
 
+    def _tower_optimizer(self) -> Optimizer | None:
+        return optimizer_of(self.optimizers, self.model.tower_parameters())
+
+    def _saves_towers(self) -> bool:
+        """Whether this rank writes its tower modules (one rank per host: local rank 0)."""
+        meta = self._tower_meta()
+        return meta is not None and self.rank in meta["rank"]
+
     def rank_state(self) -> dict[str, Any]:
         """This rank's part of a checkpoint: dense weights and optimizer, embedding blocks, progress, RNG."""
         position = {
@@ -240,12 +272,14 @@ class Trainer:
         }
         if self.hotline is not None:  # its tables are files beside this state (see save)
             return {"hotline": self.hotline.state_dict(), "blocks": [], **position}
-        sparse = self._sparse_optimizer()
+        sparse, towers = self._sparse_optimizer(), self._tower_optimizer()
         return {
             "dense": {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.")},
-            "dense_optimizers": [o.state_dict() for o in self.optimizers if o is not sparse],
-            "sparse_groups": [{k: v for k, v in g.items() if k != "params"} for g in sparse.param_groups] if sparse else [],
+            "dense_optimizers": [o.state_dict() for o in self.optimizers if o is not sparse and o is not towers],
+            "sparse_groups": _hyperparameters(sparse),
             "blocks": export_blocks(self.model.embeddings, sparse, include_replicas=self.rank == 0),
+            "towers": export_towers(self.model.embeddings, towers) if self._saves_towers() else [],
+            "tower_groups": _hyperparameters(towers),
             "schedulers": [s.state_dict() for s in self.schedulers],
             **position,
         }
@@ -264,14 +298,16 @@ class Trainer:
             missing, unexpected = self.model.load_state_dict(own["dense"], strict=False)
             if unexpected or any(not k.startswith("embeddings.") for k in missing):
                 raise DistrecError(f"checkpoint {str(checkpoint)!r} holds a different model; resume it with the config it was saved with")
-            sparse = self._sparse_optimizer()
+            sparse, towers = self._sparse_optimizer(), self._tower_optimizer()
             restore_embeddings(checkpoint, meta, self.model.embeddings, sparse, self.rank)
-            dense_optimizers = [o for o in self.optimizers if o is not sparse]
+            restore_towers(checkpoint, meta, self.model.embeddings, towers)
+            dense_optimizers = [o for o in self.optimizers if o is not sparse and o is not towers]
             for o, s in zip(dense_optimizers, own["dense_optimizers"]):
                 o.load_state_dict(s)
-            if sparse is not None:
-                for group, saved in zip(sparse.param_groups, own["sparse_groups"]):
-                    group.update(saved)
+            for optimizer, saved_groups in ((sparse, own["sparse_groups"]), (towers, own.get("tower_groups", []))):
+                if optimizer is not None:
+                    for group, saved in zip(optimizer.param_groups, saved_groups):
+                        group.update(saved)
             for sch, s in zip(self.schedulers, own["schedulers"]):
                 sch.load_state_dict(s)
         self.progress = Progress(**own["progress"])
@@ -289,6 +325,17 @@ class Trainer:
             "embeddings": self.embedding_mode,
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "blocks": [{"rank": r, "block": b} for r, blocks in enumerate(blocks_by_rank) for b in blocks],
+            "towers": self._tower_meta(),
+        }
+
+    def _tower_meta(self) -> dict[str, Any] | None:
+        """Each tower's feature names and the rank whose state holds its module (None without towers)."""
+        if self.towers is None or self.cfg.model.tower_module is None:
+            return None
+        ranks_per_host = self.world_size // len(self.towers) if self.distributed else 0
+        return {
+            "features": [[self.tables[f].name for f in tower] for tower in self.towers],
+            "rank": [t * ranks_per_host for t in range(len(self.towers))],
         }
 
     def save(self) -> None:
@@ -413,6 +460,8 @@ class Trainer:
             summary["embedding_divergence"] = last_val["embedding_divergence"]
         if self.hotline is not None:
             summary["hotline"] = self.hotline.stats()
+        if self.dmt_cost is not None:
+            summary["dmt"] = self.dmt_cost
         if test:
             summary["test"] = test
         atomic_write_json(self.out / SUMMARY_FILE, summary)
@@ -438,6 +487,11 @@ class Trainer:
         }
 
 
+def _hyperparameters(optimizer: Optimizer | None) -> list[dict[str, Any]]:
+    """The param groups of ``optimizer`` without their parameters (learning rates and the like)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] if optimizer else []
+
+
 def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     """Fail early, before workers start: parse the data into the cache and check the sharding plan.
 
@@ -446,8 +500,12 @@ def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     """
     if cfg.hotline.enabled:
         check_world_size(world_size)
+    if world_size > 1 and cfg.model.tower_module is not None and cfg.parallel.lookup != "sptt":
+        raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
     split_rows(dataset, cfg)
+    if cfg.parallel.towers is not None:
+        resolve_towers([t.name for t in dataset.tables(cfg.model.embedding_dim)], cfg.parallel.towers, None)
     if world_size > 1 and cfg.parallel.embeddings == "sharded":
         resolve_plan(dataset.tables(cfg.model.embedding_dim), cfg.parallel, world_size)
 
@@ -473,13 +531,18 @@ def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> 
     cfg = config_mod.from_dict(meta["config"])
     device = device or default_device()
     tables = [TableConfig.from_dict(t) for t in meta["tables"]]
-    model = build_model(cfg.model, meta["num_dense"], tables, device=device)
+    towers = None
+    if meta.get("towers") is not None:
+        index = {t.name: i for i, t in enumerate(tables)}
+        towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
+    model = build_model(cfg.model, meta["num_dense"], tables, device=device, towers=towers)
     own = load_state(ckpt, 0, map_location=device)
     if "hotline" in own:
         load_into_model(model, ckpt, own["hotline"])
     else:
         model.load_state_dict(own["dense"], strict=False)
         restore_embeddings(ckpt, meta, model.embeddings, None, rank=0)
+        restore_towers(ckpt, meta, model.embeddings, None)
     return model, cfg, tables, meta
 
 

@@ -189,6 +189,13 @@ class LazyAdam(SparseRowOptimizer):
             param.index_add_(0, rows, exp_avg.div_(exp_avg_sq.sqrt_().add_(eps)).mul_(scale))
 
 
+def optimizer_of(optimizers: list[Optimizer], params: list[nn.Parameter]) -> Optimizer | None:
+    """The optimizer of ``optimizers`` that updates ``params`` (None when ``params`` is empty)."""
+    if not params:
+        return None
+    return next(o for o in optimizers if any(p is params[0] for g in o.param_groups for p in g["params"]))
+
+
 SPARSE_OPTIMIZERS: dict[str, type[SparseRowOptimizer]] = {"sgd": SparseSGD, "adagrad": RowWiseAdagrad, "adam": LazyAdam}
 DENSE_OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
@@ -202,7 +209,9 @@ def make_optimizers(
     weight_decay: float = 0.0,
     embedding_weight_decay: float = 0.0,
 ) -> list[Optimizer]:
-    """A dense optimizer for ``model.dense_parameters()`` and a sparse one for ``model.sparse_parameters()``.
+    """A dense optimizer for ``model.dense_parameters()``, one of the same kind for
+    ``model.tower_parameters()`` (DMT's tower modules, saved per tower) and a sparse one for
+    ``model.sparse_parameters()``.
 
     Args:
         model: a RecommendationModel (any module with those two methods).
@@ -214,7 +223,7 @@ def make_optimizers(
         embedding_weight_decay: L2 penalty of the embedding rows a step touches.
 
     Returns:
-        The optimizers that have parameters, dense first. Dense ones use torch's fused
+        The optimizers that have parameters, in that order. Dense ones use torch's fused
         kernels on CPU and CUDA.
 
     Example:
@@ -225,10 +234,11 @@ def make_optimizers(
         if value not in OPTIMIZER_NAMES:
             raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(OPTIMIZER_NAMES)}")
     optimizers: list[Optimizer] = []
-    dense = model.dense_parameters()
-    if dense:
-        fused = all(p.device.type in ("cpu", "cuda") for p in dense)
-        optimizers.append(DENSE_OPTIMIZERS[name](dense, lr=lr, weight_decay=weight_decay, fused=fused or None))
+    towers = model.tower_parameters() if hasattr(model, "tower_parameters") else []
+    for dense in (model.dense_parameters(), towers):
+        if dense:
+            fused = all(p.device.type in ("cpu", "cuda") for p in dense)
+            optimizers.append(DENSE_OPTIMIZERS[name](dense, lr=lr, weight_decay=weight_decay, fused=fused or None))
     sparse = model.sparse_parameters()
     if sparse:
         sparse_lr = embedding_lr if embedding_lr is not None else lr
