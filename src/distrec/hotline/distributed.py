@@ -97,7 +97,6 @@ class DistributedHotlineTraining:
         self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed) if self.rank == 0 else None
         self.relearn_every = h.relearn_every
         self.counters = PipelineStats()
-        self.all_to_all_bytes = 0  # sent by this rank's sharded exchanges since training started
         self._sampled_at_relearn = 0
 
     def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
@@ -127,8 +126,6 @@ class DistributedHotlineTraining:
             self.train_step.zero_grad()
             raise
         self.train_step.apply()
-        exchange = self.embeddings.stats
-        self.all_to_all_bytes += exchange.input_bytes + exchange.output_bytes
         self.counters.steps += 1
         self.counters.samples += size
         self.counters.popular_samples += num_popular
@@ -174,7 +171,7 @@ class DistributedHotlineTraining:
 
     def stats(self) -> dict[str, Any]:
         """What Hotline did on this rank so far: popular and hot-lookup fractions, re-learnings,
-        hot rows and their bytes, and the bytes sent by the sharded exchanges."""
+        and the hot rows and their bytes."""
         s = self.counters
         return {
             "popular_fraction": s.popular_fraction,
@@ -183,7 +180,6 @@ class DistributedHotlineTraining:
             "hot_rows": int(self.embeddings.hot_ids.numel()),
             "hot_budget_bytes": self.budget_bytes,
             "replicated_bytes": int(self.embeddings.hot_ids.numel()) * self.row_bytes,
-            "all_to_all_bytes": self.all_to_all_bytes,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,13 +188,11 @@ class DistributedHotlineTraining:
         return {
             "hot_ids": self.embeddings.hot_ids.cpu(),
             "stats": asdict(self.counters),
-            "all_to_all_bytes": self.all_to_all_bytes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``, after the shards and the optimizers were restored (collective)."""
         self.counters = PipelineStats(**state["stats"])
-        self.all_to_all_bytes = int(state["all_to_all_bytes"])
         self.embeddings.set_hot_ids(state["hot_ids"], self.sparse_optimizer)
         if self.logger is not None:
             self._sampled_at_relearn = self.logger.sampled_batches

@@ -215,6 +215,7 @@ class Trainer:
             self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
         self.timer.watch_embeddings(self.model.embeddings)
         self.progress = Progress()
+        self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
 
     def close(self) -> None:
         """Release what outlives a step: Hotline's prefetch worker and tiers."""
@@ -395,6 +396,9 @@ class Trainer:
                 global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
                 loss = self.step_fn(batch, normalizer=global_size / self.world_size)
                 self.timer.end_step()
+                exchange = getattr(self.model.embeddings, "stats", None)
+                if exchange is not None:
+                    self.all_to_all_bytes += exchange.input_bytes + exchange.output_bytes
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
                 bar.update(1)
@@ -431,6 +435,7 @@ class Trainer:
             "val_rows": int(last_val.get("rows", 0)),
             "world_size": self.world_size,
             "embeddings": self.embedding_mode,
+            "all_to_all_bytes": self.all_to_all_bytes,
         }
         if "embedding_divergence" in last_val:
             summary["embedding_divergence"] = last_val["embedding_divergence"]
