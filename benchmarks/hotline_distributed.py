@@ -6,9 +6,10 @@ all-to-all), then ``--hotline`` at several hot budgets (hot rows replicated on e
 popular micro-batches with no all-to-all, the other micro-batch sending only its cold
 indices). Bytes are what rank 0 sent in its embedding all-to-alls (input and output) over
 all training steps, the learning phase (before the first hot set) included; the ratio is
-Hotline's bytes over the sharded trainer's. The replicated hot rows cost an all-reduce of
-their gradients every step instead, reported as ``hot_all_reduce_bytes_per_step``
-(float32 gradients plus one lookup count per row).
+Hotline's bytes over the sharded trainer's. The replicated hot rows cost all-reduce bytes
+instead (one lookup count per hot row, and the gradients of the hot rows some rank looked
+up), so the gradient all-reduces are compared too (the sharded trainer's: the dense
+gradients, every step), and the total of both kinds of traffic.
 
 Usage:
     python benchmarks/hotline_distributed.py                       # ~3 minutes on 2 cores
@@ -22,8 +23,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-FLOAT_BYTES = 4
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -48,7 +47,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def train(label: str, extra: list[str], args: argparse.Namespace) -> dict:
-    """One ``distrec train`` run; its summary."""
+    """One ``distrec train`` run; its summary, with ``dense_all_reduce_bytes`` per step."""
     out = Path(args.out) / label
     command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(out), "--cache-dir", str(Path(args.out) / "cache"),
                "--nproc-per-node", str(args.procs), "--sharding", args.sharding, *overrides(args), *extra]
@@ -56,6 +55,7 @@ def train(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
+    summary["dense_all_reduce_bytes"] = json.loads((out / "breakdown.json").read_text())["bytes_per_step"]["gradient_all_reduce"]
     print(f"  {label:<16} {summary['samples_per_s']:>9,.0f} samples/s  all-to-all {summary['all_to_all_bytes'] / 1e6:8.1f} MB", file=sys.stderr, flush=True)
     return summary
 
@@ -76,11 +76,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
     args = parser.parse_args()
     base = train("sharded", [], args)
-    runs = {"sharded": {"samples_per_s": base["samples_per_s"], "all_to_all_bytes": base["all_to_all_bytes"]}}
+    base_reduce = base["dense_all_reduce_bytes"] * args.steps
+    runs = {"sharded": {"samples_per_s": base["samples_per_s"], "all_to_all_bytes": base["all_to_all_bytes"], "all_reduce_bytes": base_reduce,
+                        "total_bytes": base["all_to_all_bytes"] + base_reduce}}
     for budget in args.budgets:
         s = train(f"hotline-{budget}", ["--hotline", "--hot-budget", budget, "--sample-rate", str(args.sample_rate),
                                         "--relearn-every", str(args.relearn_every)], args)
         h = s["hotline"]
+        total = s["all_to_all_bytes"] + h["all_reduce_bytes"]
         runs[f"hotline-{budget}"] = {
             "samples_per_s": s["samples_per_s"],
             "all_to_all_bytes": s["all_to_all_bytes"],
@@ -89,12 +92,15 @@ def main() -> None:
             "popular_fraction": round(h["popular_fraction"], 4),
             "hot_lookup_fraction": round(h["hot_lookup_fraction"], 4),
             "hot_rows": h["hot_rows"],
-            "hot_all_reduce_bytes_per_step": h["hot_rows"] * (args.dim + 1) * FLOAT_BYTES,
+            "all_reduce_bytes": h["all_reduce_bytes"],
+            "total_bytes": total,
+            "total_bytes_ratio_vs_sharded": round(total / runs["sharded"]["total_bytes"], 4),
         }
-    print(f"\n{'run':<16} {'samples/s':>10} {'a2a MB':>9} {'a2a ratio':>10} {'popular':>8} {'hot lookups':>12} {'hot all-reduce KB/step':>23}")
+    print(f"\n{'run':<16} {'samples/s':>10} {'a2a MB':>9} {'a2a ratio':>10} {'all-reduce MB':>14} {'total ratio':>12} {'popular':>8} {'hot lookups':>12}")
     for label, r in runs.items():
         print(f"{label:<16} {r['samples_per_s']:>10,.0f} {r['all_to_all_bytes'] / 1e6:>9.1f} {r.get('bytes_ratio_vs_sharded', 1.0):>10.3f} "
-              f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f} {r.get('hot_all_reduce_bytes_per_step', 0) / 1e3:>23,.0f}")
+              f"{r['all_reduce_bytes'] / 1e6:>14.1f} {r.get('total_bytes_ratio_vs_sharded', 1.0):>12.3f} "
+              f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f}")
     print(json.dumps({"config": vars(args), "baseline": "sharded", "runs": runs}))
 
 

@@ -3,7 +3,7 @@
 The model's ``embeddings`` is a :class:`~distrec.hotline.replicated.ReplicatedHotEmbedding`
 (hot rows replicated, the rest sharded by the plan) and the dense layers are plain modules
 whose gradients ``ReplicatedHotEmbedding.sync_gradients`` averages together with the hot
-table's. Each rank splits its share of a mini-batch into a popular micro-batch, run from the
+rows'. Each rank splits its share of a mini-batch into a popular micro-batch, run from the
 replicated hot rows without any all-to-all, and a non-popular one, run through the sharded
 exchange with only its cold indices (every rank joins that exchange, with no samples if it
 has none). Both losses are the summed per-sample loss over the same normaliser, so the
@@ -98,6 +98,7 @@ class DistributedHotlineTraining:
         self.relearn_every = h.relearn_every
         self.counters = PipelineStats()
         self._sampled_at_relearn = 0
+        self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
 
     def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """One training step on this rank's ``batch`` (a collective); the loss, detached: the
@@ -126,6 +127,7 @@ class DistributedHotlineTraining:
             self.train_step.zero_grad()
             raise
         self.train_step.apply()
+        self.all_reduce_bytes += self.embeddings.reduce_bytes
         self.counters.steps += 1
         self.counters.samples += size
         self.counters.popular_samples += num_popular
@@ -171,7 +173,7 @@ class DistributedHotlineTraining:
 
     def stats(self) -> dict[str, Any]:
         """What Hotline did on this rank so far: popular and hot-lookup fractions, re-learnings,
-        and the hot rows and their bytes."""
+        the hot rows and their bytes, and the bytes of the gradient all-reduces (dense and hot)."""
         s = self.counters
         return {
             "popular_fraction": s.popular_fraction,
@@ -180,6 +182,7 @@ class DistributedHotlineTraining:
             "hot_rows": int(self.embeddings.hot_ids.numel()),
             "hot_budget_bytes": self.budget_bytes,
             "replicated_bytes": int(self.embeddings.hot_ids.numel()) * self.row_bytes,
+            "all_reduce_bytes": self.all_reduce_bytes,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -188,11 +191,13 @@ class DistributedHotlineTraining:
         return {
             "hot_ids": self.embeddings.hot_ids.cpu(),
             "stats": asdict(self.counters),
+            "all_reduce_bytes": self.all_reduce_bytes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``, after the shards and the optimizers were restored (collective)."""
         self.counters = PipelineStats(**state["stats"])
+        self.all_reduce_bytes = int(state["all_reduce_bytes"])
         self.embeddings.set_hot_ids(state["hot_ids"], self.sparse_optimizer)
         if self.logger is not None:
             self._sampled_at_relearn = self.logger.sampled_batches

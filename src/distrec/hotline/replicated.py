@@ -10,8 +10,8 @@ the sum of its hot part and its cold part.
 
 Every row is updated in exactly one place. A hot row's slot in its owner's shard is stale
 and never looked up (its indices are filtered out of the exchange); the hot table's
-gradient is averaged over the ranks like the dense gradients (one flat all-reduce, see
-``sync_gradients``), so every replica takes the same step. When the hot set changes,
+gradient is averaged over the ranks with the dense gradients (only the rows some rank looked
+up, see ``sync_gradients``), so every replica takes the same step. When the hot set changes,
 leaving rows (weights and row-wise optimizer state) are written back into their owners'
 shards and entering rows are read out of them (``set_hot_ids``): no update is lost.
 """
@@ -80,6 +80,7 @@ class ReplicatedHotEmbedding(nn.Module):
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
+        self.reduce_bytes = 0  # sent by the last sync_gradients
 
     @property
     def stats(self) -> ExchangeStats:
@@ -111,11 +112,15 @@ class ReplicatedHotEmbedding(nn.Module):
 
     # --- gradients --------------------------------------------------------------------------
     def sync_gradients(self, dense: list[nn.Parameter]) -> None:
-        """Average ``dense`` gradients and the hot table's over the ranks in one all-reduce
-        (a collective), then make the hot gradient sparse over the rows any rank looked up
-        and average the cold module's data-parallel tables."""
-        hot_grad = self.hot_weight.grad if self.hot_weight.grad is not None else torch.zeros_like(self.hot_weight)
-        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [hot_grad, self.hot_lookups]
+        """Average ``dense`` gradients and the hot table's over the ranks (a collective), then
+        make the hot gradient sparse over the rows any rank looked up and average the cold
+        module's data-parallel tables.
+
+        Two all-reduces: the dense gradients with one lookup count per hot row, then the
+        gradients of only the hot rows some rank looked up (not the whole hot table).
+        ``reduce_bytes`` is set to this rank's bytes in both.
+        """
+        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [self.hot_lookups]
         flat = torch.cat([g.reshape(-1) for g in parts])
         dist.all_reduce(flat, group=self.group)
         flat /= self.world_size
@@ -123,8 +128,13 @@ class ReplicatedHotEmbedding(nn.Module):
         for p, piece in zip(dense, pieces):
             p.grad = piece.view_as(p)
         touched = torch.nonzero(pieces[-1]).view(-1)
-        grad = pieces[-2].view_as(self.hot_weight)
-        self.hot_weight.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), grad[touched], self.hot_weight.shape, is_coalesced=True, check_invariants=False)
+        grad = self.hot_weight.grad[touched] if self.hot_weight.grad is not None else self.hot_weight.new_zeros(touched.numel(), self.dim)
+        dist.all_reduce(grad, group=self.group)
+        grad /= self.world_size
+        self.reduce_bytes = (flat.numel() + grad.numel()) * flat.element_size()
+        self.hot_weight.grad = torch.sparse_coo_tensor(
+            touched.unsqueeze(0), grad, self.hot_weight.shape, is_coalesced=True, check_invariants=False
+        )
         self.hot_lookups.zero_()
         if len(self.cold.replicas):
             self.cold.sync_replica_grads()
