@@ -170,7 +170,7 @@ def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch):
 def _hotline_trainer(rank: int, world_size: int, out: str) -> str:
     from distrec.train.loop import Trainer
 
-    cfg = config.load(None, ["hotline.enabled=true", "data.synthetic.rows=300", "data.synthetic.table_rows=50"], preset="tiny")
+    cfg = config.load(None, ["hotline.enabled=true", "parallel.embeddings=local", "data.synthetic.rows=300", "data.synthetic.table_rows=50"], preset="tiny")
     try:
         Trainer(cfg, Path(out), progress=False)
     except DistrecError as e:
@@ -178,7 +178,7 @@ def _hotline_trainer(rank: int, world_size: int, out: str) -> str:
     return "no error"
 
 
-def test_distributed_hotline_is_a_user_error(tmp_path, monkeypatch):
+def test_distributed_hotline_with_local_embeddings_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
     for message in run_distributed(_hotline_trainer, 2, str(tmp_path / "run")):
-        assert "distributed Hotline is not supported" in message
+        assert "distributed Hotline needs sharded embeddings" in message

@@ -20,16 +20,18 @@ TINY_DATA = [
 ]
 
 
-def tiny_config(cache: Path, steps: int, **parallel: object) -> config.RunConfig:
-    """The tiny preset on TINY_DATA, cached in ``cache``, logging the loss every step."""
-    overrides = [
+def tiny_config(cache: Path, steps: int, overrides: tuple[str, ...] = (), **parallel: object) -> config.RunConfig:
+    """The tiny preset on TINY_DATA, cached in ``cache``, logging the loss every step, with
+    further ``--set`` items ``overrides``."""
+    items = [
         *TINY_DATA,
         f"data.cache_dir={json.dumps(str(cache))}",
         f"train.max_steps={steps}",
         "train.log_every=1",
         *[f"parallel.{k}={json.dumps(v)}" for k, v in parallel.items()],
+        *overrides,
     ]
-    return config.load(None, overrides, preset="tiny")
+    return config.load(None, items, preset="tiny")
 
 
 def train_losses(run: Path) -> list[float]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrec.config import RunConfig
+from distrec.config import ParallelConfig, RunConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
@@ -49,10 +49,11 @@ HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast t
 LOGGER_FILE = "hotline-logger.npz"
 
 
-def check_world_size(world_size: int) -> None:
-    """Raise DistrecError when Hotline is asked to train over several processes."""
-    if world_size > 1:
-        raise DistrecError("distributed Hotline is not supported yet; train with --hotline in one process (without --nproc-per-node)")
+def check_parallel(cfg: ParallelConfig, world_size: int) -> None:
+    """Raise DistrecError unless Hotline can train with these parallel settings: one
+    process, or several with sharded embeddings and the flat all-to-all."""
+    if world_size > 1 and (cfg.embeddings != "sharded" or cfg.lookup == "sptt"):
+        raise DistrecError("distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local")
 
 
 def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:

@@ -150,9 +150,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         ]
 
     # --- forward ------------------------------------------------------------------------
+    def _bag_lengths(self, batch: Batch) -> torch.Tensor:
+        """Bag lengths int64 [F, B], also of a batch without samples (whose offsets cannot tell F)."""
+        if batch.batch_size == 0:
+            return batch.sparse_offsets.new_zeros(len(self.tables), 0)
+        return batch.lengths()
+
     def _send_buffers(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
         """Per destination rank: bag lengths, indices (local rows) and the index count."""
-        lengths = batch.lengths()
+        lengths = self._bag_lengths(batch)
         per_feature: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         send_lengths, send_values, nnz = [], [], []
         for units in self.units_on:
@@ -284,7 +290,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         received = recv.split([b_local * u.width for u in self.units])
         for u, block in zip(self.units, received):
             blocks[u.feature].append((u, block.view(b_local, u.width)))
-        lengths = batch.lengths()
+        lengths = self._bag_lengths(batch)
         for p, i in zip(self.replicas, self.replicated):
             vals = batch.feature_values(i)
             offsets = torch.cumsum(lengths[i], 0) - lengths[i]

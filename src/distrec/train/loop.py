@@ -13,6 +13,7 @@ import math
 import os
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,7 +29,8 @@ from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.training import HotlineTraining, check_world_size, load_into_model, stand_in_tables
+from distrec.hotline.distributed import DistributedHotlineTraining, replicated_hot_embeddings
+from distrec.hotline.training import HotlineTraining, check_parallel, load_into_model, stand_in_tables
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.parallel.comm import init_from_env
@@ -182,9 +184,10 @@ class Trainer:
         self.tables: list[TableConfig] = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.plan: ShardingPlan | None = None
-        self.hotline: HotlineTraining | None = None
+        self.hotline: HotlineTraining | DistributedHotlineTraining | None = None
+        tiered = cfg.hotline.enabled and not self.distributed  # one process: Hotline's fast and slow tiers
         if cfg.hotline.enabled:
-            check_world_size(self.world_size)
+            check_parallel(cfg.parallel, self.world_size)
         p = cfg.parallel
         topology = run_topology(self.world_size, p.hosts, p.ranks_per_host) if self.distributed and p.lookup == "sptt" else None
         if self.distributed and cfg.model.tower_module is not None and topology is None:
@@ -193,11 +196,15 @@ class Trainer:
         if cfg.model.tower_module is not None or topology is not None:
             self.towers = resolve_towers([t.name for t in self.tables], p.towers, topology.hosts if topology else p.hosts)
         # built on the host so that every rank draws the same initial weights in any setup;
-        # with Hotline the tables are stand-ins (its tiers hold the real ones, maybe larger than RAM)
-        tables = stand_in_tables(self.tables) if cfg.hotline.enabled else self.tables
+        # with tiers the tables are stand-ins (the tiers hold the real ones, maybe larger than RAM)
+        tables = stand_in_tables(self.tables) if tiered else self.tables
         model = build_model(cfg.model, self.dataset.num_dense, tables, device="cpu", towers=self.towers)
         self.dmt_cost = dmt_cost(cfg.model, self.dataset.num_dense, self.tables, self.towers) if cfg.model.tower_module and self.rank == 0 else None
-        if self.distributed:
+        if self.distributed and cfg.hotline.enabled:  # hot rows replicated, the rest sharded; no DDP
+            self.plan = resolve_plan(self.tables, p, self.world_size)
+            model.embeddings = replicated_hot_embeddings(model, self.tables, self.plan, self.device)
+            self.module = self.model = model.to(self.device)
+        elif self.distributed:
             embeddings = None
             if cfg.model.tower_module is not None:
                 embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device, p.tower_sharding)
@@ -217,7 +224,10 @@ class Trainer:
         self.steps_per_epoch = max(1, math.ceil(len(self.splits["train"]) / t.batch_size))
         self.total_steps = _total_steps(cfg, self.steps_per_epoch)
         if cfg.hotline.enabled:
-            self.hotline = HotlineTraining(self.model, cfg, self.total_steps, self.out, self.tables, self.show_progress, self.timer)
+            if tiered:
+                self.hotline = HotlineTraining(self.model, cfg, self.total_steps, self.out, self.tables, self.show_progress, self.timer)
+            else:
+                self.hotline = DistributedHotlineTraining(self.model, cfg, self.total_steps, self.timer)
             self.optimizers, self.schedulers, self.step_fn = self.hotline.optimizers, self.hotline.schedulers, self.hotline
         else:
             self.optimizers = make_optimizers(
@@ -231,6 +241,7 @@ class Trainer:
             self.step_fn = TrainStep(self.module, self.optimizers, self.schedulers, timer=self.timer, sync_gradients=sync)
         self.timer.watch_embeddings(self.model.embeddings)
         self.progress = Progress()
+        self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
 
     def close(self) -> None:
         """Release what outlives a step: Hotline's prefetch worker and tiers."""
@@ -270,19 +281,29 @@ class Trainer:
             "progress": vars(self.progress).copy(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
-        if self.hotline is not None:  # its tables are files beside this state (see save)
+        if isinstance(self.hotline, HotlineTraining):  # its tables are files beside this state (see save)
             return {"hotline": self.hotline.state_dict(), "blocks": [], **position}
         sparse, towers = self._sparse_optimizer(), self._tower_optimizer()
-        return {
+        with self.hotline.rows_in_shards() if self.hotline is not None else nullcontext():
+            blocks = export_blocks(self._sharded_embeddings, sparse, include_replicas=self.rank == 0)
+        state = {
             "dense": {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.")},
             "dense_optimizers": [o.state_dict() for o in self.optimizers if o is not sparse and o is not towers],
             "sparse_groups": _hyperparameters(sparse),
-            "blocks": export_blocks(self.model.embeddings, sparse, include_replicas=self.rank == 0),
+            "blocks": blocks,
             "towers": export_towers(self.model.embeddings, towers) if self._saves_towers() else [],
             "tower_groups": _hyperparameters(towers),
             "schedulers": [s.state_dict() for s in self.schedulers],
             **position,
         }
+        if self.hotline is not None:  # the hot set; its rows are in the blocks
+            state["hotline"] = self.hotline.state_dict()
+        return state
+
+    @property
+    def _sharded_embeddings(self) -> torch.nn.Module:
+        """The module holding every table block (behind the hot table with distributed Hotline)."""
+        return self.model.embeddings.cold if isinstance(self.hotline, DistributedHotlineTraining) else self.model.embeddings
 
     def load(self, checkpoint: Path) -> None:
         """Continue from ``checkpoint``, saved with this world size and plan or any other (resharding)."""
@@ -291,7 +312,9 @@ class Trainer:
         own = load_state(checkpoint, self.rank if self.rank < saved_world else 0, map_location=self.device)
         if ("hotline" in own) != (self.hotline is not None):
             raise DistrecError(f"checkpoint {str(checkpoint)!r} was {'' if 'hotline' in own else 'not '}trained with Hotline; resume it with the config it was saved with")
-        if self.hotline is not None:
+        if ("dense" in own) == isinstance(self.hotline, HotlineTraining):
+            raise DistrecError(f"checkpoint {str(checkpoint)!r} was trained with Hotline in {'several processes' if 'dense' in own else 'one process'}; resume it with as many")
+        if isinstance(self.hotline, HotlineTraining):
             self.hotline.load_state_dict(own["hotline"])
             self.hotline.load(checkpoint)
         else:
@@ -299,7 +322,7 @@ class Trainer:
             if unexpected or any(not k.startswith("embeddings.") for k in missing):
                 raise DistrecError(f"checkpoint {str(checkpoint)!r} holds a different model; resume it with the config it was saved with")
             sparse, towers = self._sparse_optimizer(), self._tower_optimizer()
-            restore_embeddings(checkpoint, meta, self.model.embeddings, sparse, self.rank)
+            restore_embeddings(checkpoint, meta, self._sharded_embeddings, sparse, self.rank)
             restore_towers(checkpoint, meta, self.model.embeddings, towers)
             dense_optimizers = [o for o in self.optimizers if o is not sparse and o is not towers]
             for o, s in zip(dense_optimizers, own["dense_optimizers"]):
@@ -310,6 +333,8 @@ class Trainer:
                         group.update(saved)
             for sch, s in zip(self.schedulers, own["schedulers"]):
                 sch.load_state_dict(s)
+            if self.hotline is not None:
+                self.hotline.load_state_dict(own["hotline"])
         self.progress = Progress(**own["progress"])
         torch.set_rng_state(own["rng"]["torch"])
         np.random.set_state(own["rng"]["numpy"])
@@ -343,7 +368,8 @@ class Trainer:
         state = self.rank_state()
         index = [b["block"] for b in state["blocks"]]
         if not self.distributed:
-            save_checkpoint(self.out, {0: state}, self.checkpoint_meta([index]), write_files=self.hotline.save if self.hotline else None)
+            write_files = self.hotline.save if isinstance(self.hotline, HotlineTraining) else None
+            save_checkpoint(self.out, {0: state}, self.checkpoint_meta([index]), write_files=write_files)
             return
         all_index: list[list[dict]] = [None] * self.world_size  # type: ignore[list-item]
         dist.all_gather_object(all_index, index)
@@ -419,6 +445,9 @@ class Trainer:
                 global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
                 loss = self.step_fn(batch, normalizer=global_size / self.world_size)
                 self.timer.end_step()
+                exchange = getattr(self.model.embeddings, "stats", None)
+                if exchange is not None:
+                    self.all_to_all_bytes += exchange.input_bytes + exchange.output_bytes
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
                 bar.update(1)
@@ -455,6 +484,7 @@ class Trainer:
             "val_rows": int(last_val.get("rows", 0)),
             "world_size": self.world_size,
             "embeddings": self.embedding_mode,
+            "all_to_all_bytes": self.all_to_all_bytes,
         }
         if "embedding_divergence" in last_val:
             summary["embedding_divergence"] = last_val["embedding_divergence"]
@@ -499,7 +529,7 @@ def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     that does not fit the tables, the world size or the memory limit).
     """
     if cfg.hotline.enabled:
-        check_world_size(world_size)
+        check_parallel(cfg.parallel, world_size)
     if world_size > 1 and cfg.model.tower_module is not None and cfg.parallel.lookup != "sptt":
         raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
@@ -537,7 +567,7 @@ def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> 
         towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
     model = build_model(cfg.model, meta["num_dense"], tables, device=device, towers=towers)
     own = load_state(ckpt, 0, map_location=device)
-    if "hotline" in own:
+    if "dense" not in own:  # trained with Hotline's tiers in one process
         load_into_model(model, ckpt, own["hotline"])
     else:
         model.load_state_dict(own["dense"], strict=False)

@@ -1,0 +1,206 @@
+"""DistributedHotlineTraining: Hotline's micro-batch step on every rank of a sharded run.
+
+The model's ``embeddings`` is a :class:`~distrec.hotline.replicated.ReplicatedHotEmbedding`
+(hot rows replicated, the rest sharded by the plan) and the dense layers are plain modules
+whose gradients ``ReplicatedHotEmbedding.sync_gradients`` averages together with the hot
+rows'. Each rank splits its share of a mini-batch into a popular micro-batch, run from the
+replicated hot rows without any all-to-all, and a non-popular one, run through the sharded
+exchange with only its cold indices (every rank joins that exchange, with no samples if it
+has none). Both losses are the summed per-sample loss over the same normaliser, so the
+gradients, and the trained model, equal the ordinary sharded trainer's.
+
+The hot set is learned on rank 0 (its access logger samples rank 0's batches) and broadcast
+at every re-learning; rows then move between the shards and the hot table with their
+row-wise optimizer state, so the choice of hot set changes the traffic, never the maths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distrec.config import RunConfig
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
+from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, split_batch
+from distrec.hotline.pipeline import PipelineStats
+from distrec.hotline.replicated import ReplicatedHotEmbedding
+from distrec.hotline.rows import find_sorted
+from distrec.parallel.plan import ShardingPlan
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.tables import TableConfig
+from distrec.train.breakdown import StepTimer
+from distrec.train.optim import SparseRowOptimizer, make_optimizers
+from distrec.train.schedule import make_schedulers
+from distrec.train.step import TrainStep
+from distrec.units import parse_bytes
+
+# Optimizers whose per-row state moves with a row (Adam's step count is per table, so a
+# row trained in the hot table would see another bias correction than in its shard).
+ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
+
+
+def replicated_hot_embeddings(
+    model: nn.Module, tables: list[TableConfig], plan: ShardingPlan, device: torch.device, group: dist.ProcessGroup | None = None
+) -> ReplicatedHotEmbedding:
+    """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, cut
+    out of the model's own initial weights like ``parallelize_model`` does."""
+    full = {t.name: model.embeddings.table_weight(t.name).detach() for t in tables}
+    return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full, group, device))
+
+
+class DistributedHotlineTraining:
+    """The training step of one rank of a sharded run with replicated hot rows.
+
+    Same contract as ``HotlineTraining`` (``step``, ``stats``, ``state_dict``,
+    ``optimizers``, ``schedulers``), for a model whose ``embeddings`` is a
+    ReplicatedHotEmbedding and which is not wrapped in DDP.
+
+    Args:
+        model: a RecommendationModel whose ``embeddings`` is a ReplicatedHotEmbedding.
+        cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
+            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size).
+        total_steps: the run's length in optimizer steps (the default decay length).
+        timer: charges the parts of each step to components (see ``TrainStep``).
+    """
+
+    def __init__(self, model: nn.Module, cfg: RunConfig, total_steps: int, timer: StepTimer | None = None) -> None:
+        t, h = cfg.train, cfg.hotline
+        embedding_optimizer = t.embedding_optimizer or t.optimizer
+        if embedding_optimizer not in ROW_STATE_OPTIMIZERS:
+            raise DistrecError(
+                f"distributed Hotline trains embeddings with {' or '.join(ROW_STATE_OPTIMIZERS)}, not {embedding_optimizer!r}; "
+                "set train.embedding_optimizer"
+            )
+        if h.relearn_every < 0:
+            raise DistrecError(f"hotline relearn interval is {h.relearn_every}; give a number of steps >= 0 (0: never)")
+        self.model = model
+        self.embeddings: ReplicatedHotEmbedding = model.embeddings
+        self.rank = dist.get_rank(self.embeddings.group)
+        self.optimizers = make_optimizers(model, t.optimizer, t.lr, embedding_name=embedding_optimizer, embedding_lr=t.embedding_lr)
+        self.sparse_optimizer = next(o for o in self.optimizers if isinstance(o, SparseRowOptimizer))
+        self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
+        dense = model.dense_parameters()
+        self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
+        state_floats = 1 if embedding_optimizer == "adagrad" else 0
+        self.row_bytes = hot_row_bytes(self.embeddings.dim, state_floats)
+        self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
+        hot_rows = min(self.budget_bytes // self.row_bytes, self.embeddings.space.total_rows)
+        logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
+        self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed) if self.rank == 0 else None
+        self.relearn_every = h.relearn_every
+        self.counters = PipelineStats()
+        self._sampled_at_relearn = 0
+        self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
+
+    def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
+        """One training step on this rank's ``batch`` (a collective); the loss, detached: the
+        sum over the samples / ``normalizer`` (default: the batch size)."""
+        if self.relearn_every and self.counters.steps and self.counters.steps % self.relearn_every == 0:
+            self.relearn()
+        size = batch.batch_size
+        ids = self.embeddings.space.batch_ids(batch)
+        if self.logger is not None:
+            self.logger.observe(ids)
+        hot, _ = find_sorted(self.embeddings.hot_ids, ids)
+        popular_mask = is_popular(batch, hot)
+        num_popular = int(popular_mask.sum())
+        if num_popular == 0:
+            popular, other = None, batch
+        else:
+            popular, other = split_batch(batch, popular_mask)
+        normalizer = normalizer or size
+        try:
+            loss = torch.zeros((), device=batch.labels.device)
+            if popular is not None:
+                with self.embeddings.local_only():
+                    loss += self.train_step.backward(popular, normalizer)
+            loss += self.train_step.backward(other, normalizer)  # every rank joins the exchange
+        except BaseException:
+            self.train_step.zero_grad()
+            raise
+        self.train_step.apply()
+        self.all_reduce_bytes += self.embeddings.reduce_bytes
+        self.counters.steps += 1
+        self.counters.samples += size
+        self.counters.popular_samples += num_popular
+        self.counters.lookups += ids.numel()
+        self.counters.hot_lookups += int(hot.sum())
+        return loss
+
+    __call__ = step
+
+    def relearn(self) -> None:
+        """Select the hot set from rank 0's logger window, broadcast it and move rows (a
+        collective). A window in which rank 0 sampled no mini-batch keeps the current set."""
+        device = self.embeddings.hot_ids.device
+        count = torch.tensor([-1], device=device)
+        ids = None
+        if self.logger is not None and self.logger.sampled_batches > self._sampled_at_relearn:
+            counted, counts = self.logger.counts()
+            hot = select_hot_set(counted, counts, self.embeddings.space, self.row_bytes, self.budget_bytes)
+            ids = torch.from_numpy(hot.global_ids(self.embeddings.space)).to(device)
+            count[0] = ids.numel()
+            self.logger.clear()
+        if self.logger is not None:
+            self._sampled_at_relearn = self.logger.sampled_batches
+        dist.broadcast(count, 0, group=self.embeddings.group)
+        if int(count) < 0:
+            return
+        if ids is None:
+            ids = torch.empty(int(count), dtype=torch.int64, device=device)
+        dist.broadcast(ids, 0, group=self.embeddings.group)
+        self.embeddings.set_hot_ids(ids, self.sparse_optimizer)
+        self.counters.relearns += 1
+
+    @contextmanager
+    def rows_in_shards(self) -> Iterator[None]:
+        """Within the block every row is in its owner's shard (hot rows written back), e.g.
+        to save an ordinary sharded checkpoint; the hot table is read back afterwards (collective)."""
+        ids = self.embeddings.hot_ids
+        self.embeddings.set_hot_ids(ids[:0], self.sparse_optimizer)
+        try:
+            yield
+        finally:
+            self.embeddings.set_hot_ids(ids, self.sparse_optimizer)
+
+    def stats(self) -> dict[str, Any]:
+        """What Hotline did on this rank so far: popular and hot-lookup fractions, re-learnings,
+        the hot rows and their bytes, and the bytes of the gradient all-reduces (dense and hot)."""
+        s = self.counters
+        return {
+            "popular_fraction": s.popular_fraction,
+            "hot_lookup_fraction": s.hot_lookup_fraction,
+            "relearns": s.relearns,
+            "hot_rows": int(self.embeddings.hot_ids.numel()),
+            "hot_budget_bytes": self.budget_bytes,
+            "replicated_bytes": int(self.embeddings.hot_ids.numel()) * self.row_bytes,
+            "all_reduce_bytes": self.all_reduce_bytes,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hot set and the counters (the rows are in the shards' checkpoint blocks; the
+        logger starts a new window on resume, which changes the hot set, never the maths)."""
+        return {
+            "hot_ids": self.embeddings.hot_ids.cpu(),
+            "stats": asdict(self.counters),
+            "all_reduce_bytes": self.all_reduce_bytes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``, after the shards and the optimizers were restored (collective)."""
+        self.counters = PipelineStats(**state["stats"])
+        self.all_reduce_bytes = int(state["all_reduce_bytes"])
+        self.embeddings.set_hot_ids(state["hot_ids"], self.sparse_optimizer)
+        if self.logger is not None:
+            self._sampled_at_relearn = self.logger.sampled_batches
+
+    def close(self) -> None:
+        """Nothing outlives a step (no worker thread, no files)."""

@@ -1,0 +1,215 @@
+"""ReplicatedHotEmbedding: hot rows replicated on every rank in front of sharded embeddings.
+
+Distributed Hotline (Adnan et al., ISCA 2024, multi-GPU setting). Every rank holds the same
+small table of the hot rows; all other rows stay in the ranks' shards of a
+:class:`~distrec.parallel.sharded_embedding.ShardedEmbeddingBagCollection`. A lookup of a
+hot row is answered from the local copy and never travels: a popular micro-batch (every
+index hot) runs with no embedding all-to-all at all, and a non-popular one sends only its
+cold indices through the sharded exchange. Sum pooling is additive, so a bag's vector is
+the sum of its hot part and its cold part.
+
+Every row is updated in exactly one place. A hot row's slot in its owner's shard is stale
+and never looked up (its indices are filtered out of the exchange); the hot table's
+gradient is averaged over the ranks with the dense gradients (only the rows some rank looked
+up, see ``sync_gradients``), so every replica takes the same step. When the hot set changes,
+leaving rows (weights and row-wise optimizer state) are written back into their owners'
+shards and entering rows are read out of them (``set_hot_ids``): no update is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.optim import Optimizer
+
+from distrec.data.batch import Batch
+from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.parallel.reshard import HeldBlock, held_blocks
+from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
+
+
+def keep_indices(batch: Batch, keep: torch.Tensor, values: torch.Tensor | None = None) -> Batch:
+    """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag.
+
+    ``values`` (int64 [nnz]) replaces the batch's indices before filtering when given.
+    """
+    bag_lengths = torch.diff(batch.sparse_offsets)
+    bag_of = torch.repeat_interleave(torch.arange(bag_lengths.numel(), device=keep.device), bag_lengths, output_size=keep.numel())
+    offsets = torch.zeros_like(batch.sparse_offsets)
+    torch.cumsum(torch.bincount(bag_of[keep], minlength=bag_lengths.numel()), 0, out=offsets[1:])
+    source = batch.sparse_values if values is None else values
+    return Batch(batch.dense, source[keep], offsets, batch.labels)
+
+
+class ReplicatedHotEmbedding(nn.Module):
+    """Hot rows replicated on every rank, the other rows sharded (``cold``).
+
+    Same contract as the sharded module: ``forward(batch) -> [B_local, F, D]``, a collective
+    unless inside ``local_only()`` (for batches whose every index is hot). ``hot_weight``
+    [H, D] holds global rows ``hot_ids`` (ascending); its gradient is dense until
+    ``sync_gradients`` averages it and makes it sparse (the rows any rank looked up), so the
+    project's sparse optimizers step it like any shard.
+
+    Args:
+        cold: this rank's sharded embeddings (all rows; hot ones are stale there).
+
+    Example:
+        >>> emb = ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full))
+        >>> emb.set_hot_ids(torch.tensor([3, 17]), sparse_optimizer)   # collective
+        >>> with emb.local_only():
+        ...     pooled = emb(popular_batch)          # no all-to-all
+    """
+
+    def __init__(self, cold: ShardedEmbeddingBagCollection) -> None:
+        super().__init__()
+        self.cold = cold
+        self.tables = cold.tables
+        self.dim = cold.dim
+        self.space = RowSpace.from_tables(cold.tables)
+        self.group = cold.group
+        self.world_size = cold.world_size
+        device = next(cold.parameters()).device
+        self.hot_ids = torch.zeros(0, dtype=torch.int64, device=device)
+        self.hot_weight = nn.Parameter(torch.zeros(0, self.dim, device=device))
+        self.hot_lookups = torch.zeros(0, device=device)  # lookups per hot row since the last sync
+        self._offsets = torch.as_tensor(self.space.offsets, device=device)
+        self._table_index = {t.name: i for i, t in enumerate(self.tables)}
+        self._local_only = False
+        self.reduce_bytes = 0  # sent by the last sync_gradients
+
+    @property
+    def stats(self) -> ExchangeStats:
+        """Bytes and milliseconds of the last sharded exchange (zero after a local-only forward)."""
+        return self.cold.stats
+
+    @contextmanager
+    def local_only(self) -> Iterator[None]:
+        """Within the block, forward passes read the hot table only (every index must be hot)."""
+        self._local_only = True
+        try:
+            yield
+        finally:
+            self._local_only = False
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
+        ids = self.space.batch_ids(batch)
+        hot, pos = find_sorted(self.hot_ids, ids)
+        if torch.is_grad_enabled():
+            self.hot_lookups += torch.bincount(pos[hot], minlength=self.hot_ids.numel())
+        hot_part = keep_indices(batch, hot, pos)
+        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True)
+        pooled = pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
+        if self._local_only:
+            self.cold.stats = ExchangeStats()
+            return pooled
+        return pooled + self.cold(keep_indices(batch, ~hot))
+
+    # --- gradients --------------------------------------------------------------------------
+    def sync_gradients(self, dense: list[nn.Parameter]) -> None:
+        """Average ``dense`` gradients and the hot table's over the ranks (a collective), then
+        make the hot gradient sparse over the rows any rank looked up and average the cold
+        module's data-parallel tables.
+
+        Two all-reduces: the dense gradients with one lookup count per hot row, then the
+        gradients of only the hot rows some rank looked up (not the whole hot table).
+        ``reduce_bytes`` is set to this rank's bytes in both.
+        """
+        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [self.hot_lookups]
+        flat = torch.cat([g.reshape(-1) for g in parts])
+        dist.all_reduce(flat, group=self.group)
+        flat /= self.world_size
+        pieces = flat.split([g.numel() for g in parts])
+        for p, piece in zip(dense, pieces):
+            p.grad = piece.view_as(p)
+        touched = torch.nonzero(pieces[-1]).view(-1)
+        grad = self.hot_weight.grad[touched] if self.hot_weight.grad is not None else self.hot_weight.new_zeros(touched.numel(), self.dim)
+        dist.all_reduce(grad, group=self.group)
+        grad /= self.world_size
+        self.reduce_bytes = (flat.numel() + grad.numel()) * flat.element_size()
+        self.hot_weight.grad = torch.sparse_coo_tensor(
+            touched.unsqueeze(0), grad, self.hot_weight.shape, is_coalesced=True, check_invariants=False
+        )
+        self.hot_lookups.zero_()
+        if len(self.cold.replicas):
+            self.cold.sync_replica_grads()
+
+    # --- moving rows between the hot table and the shards -------------------------------------
+    @torch.no_grad()
+    def set_hot_ids(self, ids: torch.Tensor, optimizer: Optimizer | None) -> None:
+        """Make global rows ``ids`` (ascending, unique; the same on every rank) the hot table.
+
+        A collective. Leaving rows go back to their owners' shards and entering rows come
+        out of them, weights and ``optimizer``'s row-wise state (e.g. row-wise Adagrad's
+        accumulator) together; rows in both sets keep their hot copy.
+        """
+        ids = ids.to(self.hot_ids.device, torch.int64)
+        stays, old_pos = find_sorted(self.hot_ids, ids)
+        leaving = ~find_sorted(ids, self.hot_ids)[0]
+        old_rows = self._pack(self.hot_weight.detach(), self._row_state(optimizer, self.hot_weight))
+        self._write_rows(self.hot_ids[leaving], old_rows[leaving], optimizer)
+        rows = old_rows.new_empty(ids.numel(), old_rows.shape[1])
+        rows[stays] = old_rows[old_pos[stays]]
+        rows[~stays] = self._read_rows(ids[~stays], old_rows.shape[1], optimizer)
+        self.hot_ids = ids
+        self.hot_weight.data = rows[:, : self.dim].contiguous()
+        self.hot_weight.grad = None
+        self.hot_lookups = torch.zeros(ids.numel(), device=ids.device)
+        if optimizer is not None:
+            state = self._row_state(optimizer, self.hot_weight)
+            for k, key in enumerate(state):
+                state[key] = rows[:, self.dim + k].contiguous()
+
+    def _pack(self, weights: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Rows [n, D + state keys]: weights, then one column per row-wise state tensor."""
+        return torch.cat([weights, *[v.unsqueeze(1) for v in state.values()]], dim=1)
+
+    def _row_state(self, optimizer: Optimizer | None, param: nn.Parameter) -> dict[str, torch.Tensor]:
+        """``optimizer``'s state of ``param`` (created empty-handed if no step made it yet);
+        every value holds one float per row of ``param``."""
+        if optimizer is None:
+            return {}
+        state = optimizer.state[param]
+        if not state:  # the sparse optimizers create their state at the first update
+            group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+            no_rows = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64, device=param.device), param.new_zeros(0, param.shape[1]), param.shape, check_invariants=False)
+            optimizer.update(param, no_rows, group, state)
+        return state
+
+    def _blocks_of(self, ids: torch.Tensor, include_replicas: bool) -> Iterator[tuple[HeldBlock, torch.Tensor, torch.Tensor]]:
+        """(block, mask of ``ids`` inside it, their rows in the block's parameter) per held block."""
+        table = torch.searchsorted(self._offsets, ids, right=True) - 1
+        rows = ids - self._offsets[table]
+        for held in held_blocks(self.cold, include_replicas):
+            b = held.block
+            inside = (table == self._table_index[b.table]) & (rows >= b.row_start) & (rows < b.row_end)
+            yield held, inside, rows[inside] - b.row_start + held.base
+
+    def _write_rows(self, ids: torch.Tensor, rows: torch.Tensor, optimizer: Optimizer | None) -> None:
+        """Copy packed ``rows`` of global ``ids`` into every block of them this rank holds."""
+        for held, inside, local in self._blocks_of(ids, include_replicas=True):
+            b = held.block
+            held.param.data[local] = rows[inside, b.col_start : b.col_end]
+            for k, value in enumerate(self._row_state(optimizer, held.param).values()):
+                value[local] = rows[inside, self.dim + k]
+
+    def _read_rows(self, ids: torch.Tensor, width: int, optimizer: Optimizer | None) -> torch.Tensor:
+        """Packed rows [n, width] of global ``ids`` assembled from their owners (a collective).
+
+        Each (row, column) comes from the one shard holding it (replicated tables from rank
+        0); a row-wise state value from the shard holding the row's first column.
+        """
+        rows = torch.zeros(ids.numel(), width, device=ids.device)
+        for held, inside, local in self._blocks_of(ids, include_replicas=dist.get_rank(self.group) == 0):
+            b = held.block
+            rows[inside, b.col_start : b.col_end] = held.param.data[local]
+            if b.col_start == 0:
+                for k, value in enumerate(self._row_state(optimizer, held.param).values()):
+                    rows[inside, self.dim + k] = value[local]
+        dist.all_reduce(rows, group=self.group)
+        return rows
