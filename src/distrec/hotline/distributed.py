@@ -174,14 +174,10 @@ class DistributedHotlineTraining:
     def stats(self) -> dict[str, Any]:
         """What Hotline did on this rank so far: popular and hot-lookup fractions, re-learnings,
         the hot rows and their bytes, and the bytes of the gradient all-reduces (dense and hot)."""
-        s = self.counters
+        hot_rows = int(self.embeddings.hot_ids.numel())
         return {
-            "popular_fraction": s.popular_fraction,
-            "hot_lookup_fraction": s.hot_lookup_fraction,
-            "relearns": s.relearns,
-            "hot_rows": int(self.embeddings.hot_ids.numel()),
-            "hot_budget_bytes": self.budget_bytes,
-            "replicated_bytes": int(self.embeddings.hot_ids.numel()) * self.row_bytes,
+            **self.counters.summary(hot_rows, self.budget_bytes),
+            "replicated_bytes": hot_rows * self.row_bytes,
             "all_reduce_bytes": self.all_reduce_bytes,
         }
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -59,6 +60,17 @@ class PipelineStats:
     def hot_lookup_fraction(self) -> float:
         """Fraction of lookups served by the fast tier."""
         return self.hot_lookups / self.lookups if self.lookups else 0.0
+
+    def summary(self, hot_rows: int, budget_bytes: int) -> dict[str, Any]:
+        """The figures a run reports: popular and hot-lookup fractions, re-learnings, and the
+        hot set's size (rows) and budget (bytes)."""
+        return {
+            "popular_fraction": self.popular_fraction,
+            "hot_lookup_fraction": self.hot_lookup_fraction,
+            "relearns": self.relearns,
+            "hot_rows": hot_rows,
+            "hot_budget_bytes": budget_bytes,
+        }
 
 
 class HotlinePipeline:

@@ -165,11 +165,7 @@ class HotlineTraining:
         hot, re-learnings, hot rows, and the bytes of the fast tier, slow tier and logger."""
         s, store = self.pipeline.stats, self.embeddings.store
         return {
-            "popular_fraction": s.popular_fraction,
-            "hot_lookup_fraction": s.hot_lookup_fraction,
-            "relearns": s.relearns,
-            "hot_rows": int(self.embeddings.hot_ids.numel()),
-            "hot_budget_bytes": self.budget_bytes,
+            **s.summary(int(self.embeddings.hot_ids.numel()), self.budget_bytes),
             "fast_tier_bytes": store.fast_bytes,
             "slow_tier_bytes": store.slow_bytes,
             "slow_tier": store.slow_kind,
