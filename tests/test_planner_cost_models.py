@@ -95,3 +95,21 @@ def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
     assert torch_ms[0] == pytest.approx(torch_ms[1]) and torch_ms[0] == pytest.approx(predictor.device_compute(predictor.embed([at_edge]))[0], rel=1e-5)
     high_dims = predictor.plan_costs(np.zeros(2), np.array([600.0, 600.0]))["bw_comm"]  # the data's dims stay below 600
     assert predictor.plan_costs(np.zeros(2), np.array([6000.0, 6000.0]))["bw_comm"] == pytest.approx(high_dims)
+
+
+def test_compute_model_is_additive_and_monotone_in_the_tables(tmp_path):
+    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 200, 20), seed=0, epochs=80, verbose=False)
+    predictor = models.predictor(2)
+    pool = make_table_pool(seed=0)
+    tables = [pool.table(i, int(d), f"t{i}") for i, d in enumerate([4, 16, 64, 8, 32])]
+    emb = predictor.embed(tables)
+    assert (emb >= 0).all()
+    lone = predictor.device_compute(emb)  # each table alone on a device
+    offset = float(predictor.device_compute(np.zeros(emb.shape[1]))[0])
+    together = float(predictor.device_compute(emb.sum(axis=0))[0])
+    assert offset > 0 and together == pytest.approx(lone.sum() - (len(tables) - 1) * offset, rel=1e-9)
+    costs = [float(predictor.device_compute(emb[:k].sum(axis=0))[0]) for k in range(1, len(tables) + 1)]
+    assert all(b >= a for a, b in zip(costs, costs[1:]))  # adding a table never makes a device cheaper
+    # the synthetic per-table cost is 0.002 x dim x pooling + 0.3 ms: the learned one follows it
+    truth = np.array([0.002 * t.dim * t.pooling_factor + 0.3 for t in tables])
+    assert np.corrcoef(lone - offset, truth)[0, 1] > 0.9
