@@ -86,7 +86,7 @@ def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
     models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 60, 30), seed=0, epochs=5, verbose=False)
     predictor = models.predictor(2)
     column = TABLE_FEATURE_NAMES.index("pooling_factor")
-    edge = float(models.compute.input_high[column])
+    edge = float(models.compute.members[0].input_high[column])
     table = make_table_pool(seed=0).table(0, 64, "t")  # the widest dim: its lookup floats (dim x pooling) pass their edge too
     at_edge, beyond = (TableSpec(t.name, t.num_rows, t.dim, p, t.histogram) for t, p in ((table, edge), (table, 100 * edge)))
     assert predictor.embed([beyond]) == pytest.approx(predictor.embed([at_edge]))
