@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrec.errors import DistrecError
-from distrec.planner.cost_models import CostModels, train_cost_models
+from distrec.planner.cost_models import ENSEMBLE_SIZE, CostModels, train_cost_models
 from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.table_pool import make_table_pool
 from distrec.planner.types import TableSpec
@@ -102,6 +102,11 @@ def test_compute_model_is_additive_and_monotone_in_the_tables(tmp_path):
     predictor = models.predictor(2)
     pool = make_table_pool(seed=0)
     tables = [pool.table(i, int(d), f"t{i}") for i, d in enumerate([4, 16, 64, 8, 32])]
+    features = torch.from_numpy(feature_matrix(tables))
+    with torch.no_grad():  # the prediction is the mean of differently initialised members
+        members = [m(features, torch.zeros(len(tables), dtype=torch.int64), 1) for m in models.compute.members]
+    assert len(members) == ENSEMBLE_SIZE and float(torch.stack(members).std()) > 0
+    assert float(predictor.device_compute(predictor.embed(tables).sum(axis=0))[0]) == pytest.approx(float(torch.stack(members).mean()), rel=1e-5)
     emb = predictor.embed(tables)
     assert (emb >= 0).all()
     lone = predictor.device_compute(emb)  # each table alone on a device

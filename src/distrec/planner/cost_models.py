@@ -6,13 +6,12 @@
   device's forward+backward lookup time (ms). A device's cost is then the sum of learned
   non-negative per-table costs plus a constant: adding a table never makes a device cheaper,
   and the search balancing predicted costs balances per-table costs, as lookup-greedy
-  balances dim x pooling factor (a free MLP head fitted as well, test R^2 0.91, but its
-  non-additive errors were what the search exploited: its plans executed 8-16% slower than
-  lookup-greedy's). The loss is the MSE in ms. The prediction is the mean of an ensemble of
+  balances dim x pooling factor (test R^2 0.93 here, a free MLP head 0.91). The loss is the MSE in ms. The prediction is the mean of an ensemble of
   such nets trained from different initialisations: a search picks the plans whose cost one
   net under-predicts most, and independently trained nets disagree on exactly those (a
   single net's best plans of 8-device tasks were 15-21% cheaper than lookup-greedy's by its
-  own prediction and 0-5% by two other seeds'); averaging cancels much of that variance.
+  own prediction, and from 10% cheaper to 12% dearer by two nets of other seeds); averaging
+  cancels much of that variance.
 - Communication: MLPs (in -> 128 -> 64 -> 32 -> 16 -> D) predict every device's all-to-all
   time (ms) from the devices' summed output dimensions (backward) plus their start delays
   (forward). One pair per world size D. A forward all-to-all cannot finish before the last
