@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrec.errors import DistrecError
-from distrec.planner.cost_models import CostModels, train_cost_models
+from distrec.planner.cost_models import ENSEMBLE_SIZE, CostModels, train_cost_models
 from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.table_pool import make_table_pool
 from distrec.planner.types import TableSpec
@@ -86,7 +86,7 @@ def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
     models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 60, 30), seed=0, epochs=5, verbose=False)
     predictor = models.predictor(2)
     column = TABLE_FEATURE_NAMES.index("pooling_factor")
-    edge = float(models.compute.input_high[column])
+    edge = float(models.compute.members[0].input_high[column])
     table = make_table_pool(seed=0).table(0, 64, "t")  # the widest dim: its lookup floats (dim x pooling) pass their edge too
     at_edge, beyond = (TableSpec(t.name, t.num_rows, t.dim, p, t.histogram) for t, p in ((table, edge), (table, 100 * edge)))
     assert predictor.embed([beyond]) == pytest.approx(predictor.embed([at_edge]))
@@ -95,3 +95,26 @@ def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
     assert torch_ms[0] == pytest.approx(torch_ms[1]) and torch_ms[0] == pytest.approx(predictor.device_compute(predictor.embed([at_edge]))[0], rel=1e-5)
     high_dims = predictor.plan_costs(np.zeros(2), np.array([600.0, 600.0]))["bw_comm"]  # the data's dims stay below 600
     assert predictor.plan_costs(np.zeros(2), np.array([6000.0, 6000.0]))["bw_comm"] == pytest.approx(high_dims)
+
+
+def test_compute_model_is_additive_and_monotone_in_the_tables(tmp_path):
+    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 200, 20), seed=0, epochs=80, verbose=False)
+    predictor = models.predictor(2)
+    pool = make_table_pool(seed=0)
+    tables = [pool.table(i, int(d), f"t{i}") for i, d in enumerate([4, 16, 64, 8, 32])]
+    features = torch.from_numpy(feature_matrix(tables))
+    with torch.no_grad():  # the prediction is the mean of differently initialised members
+        members = [m(features, torch.zeros(len(tables), dtype=torch.int64), 1) for m in models.compute.members]
+    assert len(members) == ENSEMBLE_SIZE and float(torch.stack(members).std()) > 0
+    assert float(predictor.device_compute(predictor.embed(tables).sum(axis=0))[0]) == pytest.approx(float(torch.stack(members).mean()), rel=1e-5)
+    emb = predictor.embed(tables)
+    assert (emb >= 0).all()
+    lone = predictor.device_compute(emb)  # each table alone on a device
+    offset = float(predictor.device_compute(np.zeros(emb.shape[1]))[0])
+    together = float(predictor.device_compute(emb.sum(axis=0))[0])
+    assert offset > 0 and together == pytest.approx(lone.sum() - (len(tables) - 1) * offset, rel=1e-9)
+    costs = [float(predictor.device_compute(emb[:k].sum(axis=0))[0]) for k in range(1, len(tables) + 1)]
+    assert all(b >= a for a, b in zip(costs, costs[1:]))  # adding a table never makes a device cheaper
+    # the synthetic per-table cost is 0.002 x dim x pooling + 0.3 ms: the learned one follows it
+    truth = np.array([0.002 * t.dim * t.pooling_factor + 0.3 for t in tables])
+    assert np.corrcoef(lone - offset, truth)[0, 1] > 0.9

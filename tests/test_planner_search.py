@@ -8,7 +8,7 @@ import torch
 from distrec.errors import DistrecError
 from distrec.parallel.plan import ShardingPlan
 from distrec.planner.api import ALGORITHMS, format_report, parse_constraints, plan_tables
-from distrec.planner.cost_models import CommCostNet, ComputeCostNet, CostModels
+from distrec.planner.cost_models import CommCostNet, ComputeCostNet, ComputeEnsemble, CostModels
 from distrec.planner.search import NeuroShardSearch, SearchOptions
 from distrec.planner.table_pool import generate_tasks, make_table_pool
 from distrec.planner.types import PlanConstraints, TableSpec
@@ -20,7 +20,7 @@ SHORT = SearchOptions(max_steps=3, grid_points=5)  # keeps the tests fast
 def untrained_cost_models(devices: int, seed: int = 0) -> CostModels:
     """Randomly initialised nets: enough to drive the search deterministically."""
     torch.manual_seed(seed)
-    return CostModels(ComputeCostNet(), {devices: (CommCostNet(2 * devices, devices), CommCostNet(devices, devices))}, 1024, {})
+    return CostModels(ComputeEnsemble([ComputeCostNet()]), {devices: (CommCostNet(2 * devices, devices), CommCostNet(devices, devices))}, 1024, {})
 
 
 @pytest.fixture(scope="module")
