@@ -52,7 +52,7 @@ def replicated_hot_embeddings(
 ) -> ReplicatedHotEmbedding:
     """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, cut
     out of the model's own initial weights like ``parallelize_model`` does."""
-    full = {t.name: model.embeddings.table_weight(t.name).detach() for t in tables}
+    full = model.embeddings.table_weights()
     return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full, group, device))
 
 
@@ -128,11 +128,7 @@ class DistributedHotlineTraining:
             raise
         self.train_step.apply()
         self.all_reduce_bytes += self.embeddings.reduce_bytes
-        self.counters.steps += 1
-        self.counters.samples += size
-        self.counters.popular_samples += num_popular
-        self.counters.lookups += ids.numel()
-        self.counters.hot_lookups += int(hot.sum())
+        self.counters.record_step(size, num_popular, hot)
         return loss
 
     __call__ = step

@@ -61,6 +61,15 @@ class PipelineStats:
         """Fraction of lookups served by the fast tier."""
         return self.hot_lookups / self.lookups if self.lookups else 0.0
 
+    def record_step(self, samples: int, popular_samples: int, hot: torch.Tensor) -> None:
+        """Count one mini-batch: its samples, the popular ones, and its lookups (``hot``: bool
+        [lookups], whether each was served by a hot row)."""
+        self.steps += 1
+        self.samples += samples
+        self.popular_samples += popular_samples
+        self.lookups += hot.numel()
+        self.hot_lookups += int(hot.sum())
+
     def summary(self, hot_rows: int, budget_bytes: int) -> dict[str, Any]:
         """The figures a run reports: popular and hot-lookup fractions, re-learnings, and the
         hot set's size (rows) and budget (bytes)."""
@@ -150,11 +159,7 @@ class HotlinePipeline:
                 wait([prefetch])
             self.embeddings.clear_gradients()
             raise
-        self.stats.steps += 1
-        self.stats.samples += size
-        self.stats.popular_samples += num_popular
-        self.stats.lookups += ids.numel()
-        self.stats.hot_lookups += int(hot.sum())
+        self.stats.record_step(size, num_popular, hot)
         return loss
 
     def relearn(self) -> HotSet:

@@ -190,6 +190,10 @@ class EmbeddingBagCollection(nn.Module):
         start, end = self.table_rows(name)
         return self.weight[start:end]
 
+    def table_weights(self) -> dict[str, torch.Tensor]:
+        """Every table as a detached ``table_weight`` view: {name: [num_rows, D]}."""
+        return {t.name: self.table_weight(t.name).detach() for t in self.tables}
+
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of every feature: float32 [B, F, D], contiguous."""
         if batch.num_features != self.num_features:

@@ -92,7 +92,7 @@ def parallelize_model(
     elif mode == "sharded":
         if plan is None:
             raise DistrecError("sharded embeddings need a sharding plan; pass --plan, --sharding or let the greedy planner make one")
-        full = {t.name: model.embeddings.table_weight(t.name).detach() for t in tables}
+        full = model.embeddings.table_weights()
         model.embeddings = ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full, group, device)
     model.to(device)
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]

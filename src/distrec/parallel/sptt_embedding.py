@@ -220,7 +220,7 @@ def sptt_tower_embeddings(
     ``sharding`` is as in ``sptt_embeddings``.
     """
     bags = tower_embeddings.bags
-    full = {t.name: bags.table_weight(t.name).detach() for t in bags.tables}
+    full = bags.table_weights()
     layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
     groups = topology.build_groups()
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)

@@ -362,13 +362,10 @@ def fit(
     parts = _split(len(data), seed)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
 
-    def loss_of(idx: np.ndarray) -> torch.Tensor:
-        return ((data.predict(net, idx) - data.targets[torch.from_numpy(idx)]) ** 2).mean()
-
     def mse(idx: np.ndarray) -> float:
         net.eval()
         with torch.no_grad():
-            return float(loss_of(idx))
+            return float(_errors(net, data, idx).square().mean())
 
     initial_val = mse(parts["val"])
     best = (initial_val, copy.deepcopy(net.state_dict()))
@@ -378,7 +375,7 @@ def fit(
         train = parts["train"][torch.randperm(parts["train"].size, generator=gen).numpy()]
         for start in range(0, train.size, batch_size):
             idx = train[start : start + batch_size]
-            loss = loss_of(idx)
+            loss = _errors(net, data, idx).square().mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -393,6 +390,11 @@ def fit(
     return {**evaluate(net, data, seed), "initial_val_mse": initial_val, "epochs": epoch}
 
 
+def _errors(net: nn.Module, data: _ComputeData | _CommData, idx: np.ndarray) -> torch.Tensor:
+    """Predicted minus measured time (ms) of samples ``idx``."""
+    return data.predict(net, idx) - data.targets[torch.from_numpy(idx)]
+
+
 def _split(n: int, seed: int) -> dict[str, np.ndarray]:
     """Sample indices of the 80/10/10 train, validation and test parts."""
     if n < 10:
@@ -405,20 +407,16 @@ def evaluate(net: nn.Module, data: _ComputeData | _CommData, seed: int) -> dict[
     """MSE (ms^2) of each part of ``fit``'s split of ``seed``, the test variance, R^2 and median relative error."""
     parts = _split(len(data), seed)
     net.eval()
-
-    def mse(idx: np.ndarray) -> float:
-        with torch.no_grad():
-            return float(((data.predict(net, idx) - data.targets[torch.from_numpy(idx)]) ** 2).mean())
-
-    test = torch.from_numpy(parts["test"])
-    test_var = float(data.targets[test].var(unbiased=False))
-    test_mse = mse(parts["test"])
     with torch.no_grad():
-        relative = ((data.predict(net, parts["test"]) - data.targets[test]).abs() / data.targets[test].abs().clamp_min(1e-3)).median()
+        errors = {k: _errors(net, data, idx) for k, idx in parts.items()}
+    mse = {f"{k}_mse": float(e.square().mean()) for k, e in errors.items()}
+    test_targets = data.targets[torch.from_numpy(parts["test"])]
+    test_var = float(test_targets.var(unbiased=False))
+    relative = (errors["test"].abs() / test_targets.abs().clamp_min(1e-3)).median()
     return {
-        **{f"{k}_mse": mse(v) for k, v in parts.items()},
+        **mse,
         "test_target_var": test_var,
-        "test_r2": 1.0 - test_mse / test_var if test_var > 0 else 0.0,
+        "test_r2": 1.0 - mse["test_mse"] / test_var if test_var > 0 else 0.0,
         "test_median_relative_error": float(relative),
     }
 

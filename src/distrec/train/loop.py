@@ -186,12 +186,9 @@ class Trainer:
         self.plan: ShardingPlan | None = None
         self.hotline: HotlineTraining | DistributedHotlineTraining | None = None
         tiered = cfg.hotline.enabled and not self.distributed  # one process: Hotline's fast and slow tiers
-        if cfg.hotline.enabled:
-            check_parallel(cfg.parallel, self.world_size)
+        check_parallel_mode(cfg, self.world_size)
         p = cfg.parallel
         topology = run_topology(self.world_size, p.hosts, p.ranks_per_host) if self.distributed and p.lookup == "sptt" else None
-        if self.distributed and cfg.model.tower_module is not None and topology is None:
-            raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
         self.towers: list[list[int]] | None = None
         if cfg.model.tower_module is not None or topology is not None:
             self.towers = resolve_towers([t.name for t in self.tables], p.towers, topology.hosts if topology else p.hosts)
@@ -210,8 +207,7 @@ class Trainer:
                 embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device, p.tower_sharding)
                 self.plan = embeddings.bags.plan
             elif topology is not None:
-                full = {t.name: model.embeddings.table_weight(t.name).detach() for t in self.tables}
-                embeddings = sptt_embeddings(self.tables, full, topology, self.towers, self.device, p.tower_sharding)
+                embeddings = sptt_embeddings(self.tables, model.embeddings.table_weights(), topology, self.towers, self.device, p.tower_sharding)
                 self.plan = embeddings.plan
             elif p.embeddings == "sharded":
                 self.plan = resolve_plan(self.tables, p, self.world_size)
@@ -522,16 +518,22 @@ def _hyperparameters(optimizer: Optimizer | None) -> list[dict[str, Any]]:
     return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] if optimizer else []
 
 
+def check_parallel_mode(cfg: RunConfig, world_size: int) -> None:
+    """Raise DistrecError for a combination of Hotline, tower modules and the parallel
+    settings that ``world_size`` processes cannot train."""
+    if cfg.hotline.enabled:
+        check_parallel(cfg.parallel, world_size)
+    if world_size > 1 and cfg.model.tower_module is not None and cfg.parallel.lookup != "sptt":
+        raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
+
+
 def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     """Fail early, before workers start: parse the data into the cache and check the sharding plan.
 
     Raises DistrecError for anything a worker would reject (bad data, empty split, a plan
     that does not fit the tables, the world size or the memory limit).
     """
-    if cfg.hotline.enabled:
-        check_parallel(cfg.parallel, world_size)
-    if world_size > 1 and cfg.model.tower_module is not None and cfg.parallel.lookup != "sptt":
-        raise DistrecError("--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it")
+    check_parallel_mode(cfg, world_size)
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
     split_rows(dataset, cfg)
     if cfg.parallel.towers is not None:
