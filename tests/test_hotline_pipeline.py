@@ -87,10 +87,10 @@ def test_an_error_in_the_worker_surfaces_and_the_pipeline_shuts_down(tmp_path):
     pipe, ebc = pipeline_with_hot_rows(tmp_path)
     gather = ebc.store.gather
 
-    def failing_in_worker(ids, width=None):
+    def failing_in_worker(ids, width=None, slots=None):
         if threading.current_thread().name.startswith(WORKER_NAME):
             raise OSError("slow tier read failed")
-        return gather(ids, width)
+        return gather(ids, width, slots)
 
     ebc.store.gather = failing_in_worker
     batch = zipf_batch(np.random.default_rng(4), 64)
@@ -109,11 +109,11 @@ def test_an_error_in_the_caller_waits_for_the_worker(tmp_path):
     gather = ebc.store.gather
     worker_done = threading.Event()
 
-    def slow_in_worker(ids, width=None):
+    def slow_in_worker(ids, width=None, slots=None):
         if threading.current_thread().name.startswith(WORKER_NAME):
             time.sleep(0.2)
             worker_done.set()
-        return gather(ids, width)
+        return gather(ids, width, slots)
 
     def failing_backward(micro, normalizer):
         raise RuntimeError("loss is NaN")

@@ -8,10 +8,19 @@ from distrec.hotline.tiers import TwoTierStore
 ROWS, WIDTH, DIM = 50, 5, 4  # 4 weights and 1 optimizer-state float per row
 
 
-def sgd_with_counter(rows: torch.Tensor, grads: torch.Tensor) -> None:
-    """A row rule touching weights and state: w -= 0.1 * g, state += 1."""
-    rows[:, :DIM] -= 0.1 * grads
-    rows[:, DIM] += 1
+def sgd_with_counter(rows: torch.Tensor, grad: torch.Tensor) -> None:
+    """A row rule touching weights and state: w -= 0.1 * (summed g), state += 1, per row with entries."""
+    grad = grad.coalesce()
+    touched = grad.indices()[0]
+    rows[touched, :DIM] -= 0.1 * grad.values()
+    rows[touched, DIM] += 1
+
+
+def update(store: TwoTierStore, ids: torch.Tensor, grads: torch.Tensor) -> None:
+    """``store.update`` with entries given by global id, split by tier."""
+    slots = store.slots(ids)
+    hot = slots >= 0
+    store.update(slots[hot], grads[hot], ids[~hot], grads[~hot], sgd_with_counter)
 
 
 def make_store(tmp_path, slow: str) -> tuple[TwoTierStore, torch.Tensor]:
@@ -21,9 +30,9 @@ def make_store(tmp_path, slow: str) -> tuple[TwoTierStore, torch.Tensor]:
 
 
 def apply_reference(reference: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> None:
-    rows = reference[ids]
-    sgd_with_counter(rows, grads)
-    reference[ids] = rows
+    """The update on a plain table: unique ``ids``, one gradient row each."""
+    reference[ids, :DIM] -= 0.1 * grads
+    reference[ids, DIM] += 1
 
 
 @pytest.mark.parametrize("slow", ["disk", "host"])
@@ -38,7 +47,7 @@ def test_tier_moves_lose_no_update(tmp_path, slow):
             for _ in range(2):
                 ids = torch.unique(torch.cat([torch.as_tensor(hot), torch.randint(0, ROWS, (10,), generator=gen)]))
                 grads = torch.randn(ids.numel(), DIM, generator=gen)
-                store.update(ids, grads, sgd_with_counter)
+                update(store, ids, grads)
                 apply_reference(reference, ids, grads)
             assert torch.equal(store.gather(torch.arange(ROWS)), reference)
         assert store.fast_bytes == 0
@@ -49,10 +58,30 @@ def test_each_row_is_updated_in_its_own_tier_only(tmp_path):
     with store:
         store.set_hot(np.array([2, 3]))
         stale = store.slow[[2, 3]].clone()
-        store.update(torch.tensor([2, 3, 7]), torch.ones(3, DIM), sgd_with_counter)
+        update(store, torch.tensor([2, 3, 7]), torch.ones(3, DIM))
         assert torch.equal(store.slow[[2, 3]], stale)  # hot rows' slow slots are untouched
         assert store.slow[7, DIM] == reference[7, DIM] + 1
         assert torch.equal(store.fast[:, DIM], reference[[2, 3], DIM] + 1)
+
+
+def test_repeated_entries_of_a_row_are_summed_in_either_tier(tmp_path):
+    store, reference = make_store(tmp_path, "disk")
+    with store:
+        store.set_hot(np.array([3, 8]))
+        ids = torch.tensor([3, 20, 3, 20, 8])
+        grads = torch.arange(5.0).unsqueeze(1).repeat(1, DIM)
+        update(store, ids, grads)
+        apply_reference(reference, torch.tensor([3, 8, 20]), torch.tensor([[2.0], [4.0], [4.0]]).repeat(1, DIM))
+        assert torch.allclose(store.gather(torch.arange(ROWS)), reference)
+
+
+def test_slots_follow_the_hot_set(tmp_path):
+    store, _ = make_store(tmp_path, "host")
+    with store:
+        store.set_hot(np.array([4, 9, 30]))
+        assert store.slots(torch.tensor([30, 5, 4, 9])).tolist() == [2, -1, 0, 1]
+        store.set_hot(np.array([9, 31]))
+        assert store.slots(torch.tensor([4, 9, 30, 31])).tolist() == [-1, 0, -1, 1]
 
 
 def test_gather_mixes_tiers_and_narrows_to_the_weights(tmp_path):
@@ -67,7 +96,7 @@ def test_disk_tier_leaves_no_file(tmp_path):
     store, _ = make_store(tmp_path, "disk")
     assert store.slow_kind == "disk"
     assert list(tmp_path.iterdir()) == []  # unlinked as soon as it was mapped
-    store.update(torch.tensor([1]), torch.ones(1, DIM), sgd_with_counter)
+    update(store, torch.tensor([1]), torch.ones(1, DIM))
     store.close()
     assert list(tmp_path.iterdir()) == []
 
@@ -88,7 +117,7 @@ def test_save_and_load_keep_every_row_of_both_tiers(tmp_path):
     store, reference = make_store(tmp_path / "a", "disk")
     with store:
         store.set_hot(np.array([0, 10, 11]))
-        store.update(torch.tensor([0, 5, 11]), torch.ones(3, DIM), sgd_with_counter)
+        update(store, torch.tensor([0, 5, 11]), torch.ones(3, DIM))
         apply_reference(reference, torch.tensor([0, 5, 11]), torch.ones(3, DIM))
         store.save(tmp_path / "rows.npy")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "rows.npy"]

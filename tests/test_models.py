@@ -10,7 +10,7 @@ from distrec.config import PRESETS, ModelConfig, apply_preset
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.build import build_model
-from distrec.models.embedding import EmbeddingBagCollection, sample_major_bags
+from distrec.models.embedding import EmbeddingBagCollection, sample_major
 from distrec.models.interaction import CatInteraction, CrossNet, DotInteraction, pair_positions, symmetric_pair_map
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
@@ -93,13 +93,13 @@ def naive_sample_major(batch: Batch, row_offsets: list[int]) -> tuple[list[int],
 
 
 @pytest.mark.parametrize("max_bag", [1, 3])
-def test_sample_major_bags_equals_naive_reorder(max_bag):
+def test_sample_major_equals_naive_reorder(max_bag):
     row_offsets = [0, 7, 10]
     if max_bag == 1:
         batch = single_hot_batch(TABLES, batch_size=6, seed=2)  # the transpose fast path
     else:
         batch = random_batch(TABLES, batch_size=6, num_dense=1, max_bag=max_bag, seed=2)
-    rows, offsets = sample_major_bags(batch.sparse_values, batch.sparse_offsets, torch.tensor(row_offsets))
+    rows, offsets, _ = sample_major(batch.sparse_values, batch.sparse_offsets, torch.tensor(row_offsets))
     assert (rows.tolist(), offsets.tolist()) == naive_sample_major(batch, row_offsets)
 
 

@@ -65,6 +65,11 @@ class Batch:
 
     def select(self, rows: torch.Tensor) -> Batch:
         """The sub-batch of the samples at ``rows`` (int64 [b']), in that order."""
+        return self.select_with_positions(rows)[0]
+
+    def select_with_positions(self, rows: torch.Tensor) -> tuple[Batch, torch.Tensor]:
+        """``select(rows)``, and where each of its indices sits in ``sparse_values``: int64 [nnz'],
+        so per-index data of this batch can be selected alike."""
         lengths = self.lengths()[:, rows]  # [F, b']
         starts = self.sparse_offsets[:-1].view(self.num_features, self.batch_size)[:, rows]
         flat_lengths = lengths.reshape(-1)
@@ -74,8 +79,8 @@ class Batch:
         # position of each output index inside its bag, plus the bag's start in the source
         bag_of = torch.repeat_interleave(torch.arange(flat_lengths.numel(), device=rows.device), flat_lengths, output_size=nnz)
         within = torch.arange(nnz, device=rows.device) - new_offsets[:-1][bag_of]
-        values = self.sparse_values[starts.reshape(-1)[bag_of] + within]
-        return Batch(self.dense[rows], values, new_offsets, self.labels[rows])
+        positions = starts.reshape(-1)[bag_of] + within
+        return Batch(self.dense[rows], self.sparse_values[positions], new_offsets, self.labels[rows]), positions
 
     def slice(self, start: int, end: int) -> Batch:
         """The samples start..end-1 (a rank's share of a global batch)."""

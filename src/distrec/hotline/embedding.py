@@ -2,13 +2,18 @@
 
 Same contract as ``distrec.models.embedding.EmbeddingBagCollection`` (one sum-pooled table
 per sparse feature, fused into global row ids; ``Batch -> [B, F, D]``), so it replaces a
-model's ``embeddings``. Its weights are not parameters: each forward gathers the rows the
-batch needs (deduplicated) from the tier holding each row into a small leaf tensor, pools
-it with ``embedding_bag``, and keeps the leaf; after backward, ``TieredRowOptimizer``
-applies the summed gradient of every looked-up row to the one tier holding it.
+model's ``embeddings``. Its weights are not parameters: each forward pools rows from a leaf
+tensor and keeps the leaf; after backward, ``TieredRowOptimizer`` applies the gradient of
+every looked-up row to the one tier holding it. The leaf is either
 
-The gather can run ahead in another thread (``lookup``), and the forward pass then uses it
-(``prefetched``): that is how the pipeline hides the slow tier.
+- the fast tier itself (``hot_lookup``, a batch whose rows are all hot): no gather, no
+  deduplication, the batch's fast-tier slots index it directly, as ordinary training's
+  indices index its table; or
+- a small tensor of the batch's distinct rows gathered from both tiers (``lookup``), which
+  can run ahead in another thread.
+
+A forward pass uses a staged lookup (``prefetched``) instead of gathering: that is how the
+pipeline hides the slow tier.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from distrec.data.batch import Batch
@@ -29,26 +33,27 @@ from distrec.hotline.hot_set import HotSet, hot_row_bytes
 from distrec.hotline.optim import row_state_floats
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
-from distrec.models.embedding import EmbeddingBagCollection, sample_major_bags, sum_by_row
+from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major
 from distrec.tables import TableConfig
 
 
 @dataclass
 class EmbeddingLookup:
-    """The rows one batch needs, gathered before its forward pass.
+    """The rows one batch needs, ready for its forward pass.
 
     Attributes:
-        batch: the batch it was gathered for.
-        ids: ascending unique global row ids, int64 [U].
-        inverse: position in ``ids`` of every index, sample-major, int64 [nnz].
-        bag_offsets: bag boundaries of the sample-major indices, int64 [B * F + 1].
-        rows: embedding weights of ``ids``, float32 [U, D], on the module's device.
+        batch: the batch it was made for.
+        ids: global row id of each row of ``rows``, int64 [U].
+        slots: fast-tier slot of each row of ``rows`` (-1: slow tier), int64 [U], or None
+            when ``rows`` is the fast tier itself (row j = slot j).
+        bags: the batch's sample-major bags of positions in ``rows``.
+        rows: embedding weights, float32 [U, D], on the module's device.
     """
 
     batch: Batch
     ids: torch.Tensor
-    inverse: torch.Tensor
-    bag_offsets: torch.Tensor
+    slots: torch.Tensor | None
+    bags: Bags
     rows: torch.Tensor
 
 
@@ -150,14 +155,22 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self.store.set_hot(hot.global_ids(self.space))
 
     def lookup(self, batch: Batch) -> EmbeddingLookup:
-        """Gather the rows ``batch`` needs (may run in a worker thread while no step runs)."""
+        """Gather the distinct rows ``batch`` needs from both tiers (may run in a worker thread
+        while no step runs)."""
         global_ids = self.space.batch_ids(batch)  # checks every index against its own table
-        indices, bag_offsets = sample_major_bags(global_ids, batch.sparse_offsets, self._no_offsets)
         if self.space.total_rows <= INT32_MAX:  # 32-bit keys sort about twice as fast
-            indices = indices.to(torch.int32)
-        ids, inverse = torch.unique(indices, return_inverse=True)
+            global_ids = global_ids.to(torch.int32)
+        ids, inverse = torch.unique(global_ids, return_inverse=True)
         ids = ids.long()
-        return EmbeddingLookup(batch, ids, inverse, bag_offsets, self.store.gather(ids, width=self.dim))
+        slots = self.store.slots(ids)
+        bags = sample_major(inverse, batch.sparse_offsets, self._no_offsets)
+        return EmbeddingLookup(batch, ids, slots, bags, self.store.gather(ids, width=self.dim, slots=slots))
+
+    def hot_lookup(self, batch: Batch, slots: torch.Tensor) -> EmbeddingLookup:
+        """A lookup of ``batch`` straight from the fast tier; ``slots``: the fast-tier slot of
+        every index of ``batch.sparse_values`` (all hot), int64 [nnz]."""
+        bags = sample_major(slots, batch.sparse_offsets, self._no_offsets)
+        return EmbeddingLookup(batch, self.store.hot_ids, None, bags, self.store.fast_weights(self.dim))
 
     @contextmanager
     def prefetched(self, lookup: EmbeddingLookup) -> Iterator[None]:
@@ -173,27 +186,38 @@ class HotlineEmbeddingBagCollection(nn.Module):
         staged = self._prefetched
         lookup = staged if staged is not None and staged.batch is batch else self.lookup(batch)
         weights = lookup.rows.detach().requires_grad_(torch.is_grad_enabled())
-        # a sparse gradient (one entry per lookup) skips embedding_bag's sort-based dense backward
-        pooled = F.embedding_bag(lookup.inverse, weights, lookup.bag_offsets, mode="sum", include_last_offset=True, sparse=True)
+        pooled = pool_sum(weights, lookup.bags)
         if weights.requires_grad:
-            self._pending.append((lookup.ids, weights))
+            self._pending.append((lookup, weights))
         return pooled.view(batch.batch_size, self.num_features, self.dim)
 
     def apply_gradients(self, rule: RowUpdate) -> bool:
         """Update every row looked up since the last call with its summed gradient, in its tier.
 
-        ``rule(rows, grads)`` updates gathered stored rows [n, width] in place. Returns
-        whether any row had a gradient.
+        ``rule(rows, grad)`` updates stored rows [n, width] in place from a sparse [n, dim]
+        gradient (see ``RowUpdate``). Returns whether any row had a gradient.
         """
-        parts = [(ids, w.grad) for ids, w in self._pending if w.grad is not None]
+        parts = [(lookup, w.grad) for lookup, w in self._pending if w.grad is not None]
         self._pending.clear()
         if not parts:
             return False
-        # every entry of the sparse gradients: (global row, gradient of one lookup)
-        rows = torch.cat([ids[grad._indices()[0]] for ids, grad in parts])
-        values = torch.cat([grad._values() for _, grad in parts])
-        ids, grads = sum_by_row(rows, values, self.space.total_rows)
-        self.store.update(ids, grads, rule)
+        slots, slot_grads, cold_ids, cold_grads = [], [], [], []
+        for lookup, grad in parts:
+            rows, values = grad._indices()[0], grad._values()
+            if lookup.slots is None:  # rows are fast-tier slots already
+                slots.append(rows)
+                slot_grads.append(values)
+                continue
+            entry_slots = lookup.slots[rows]
+            hot = entry_slots >= 0
+            slots.append(entry_slots[hot])
+            slot_grads.append(values[hot])
+            cold_ids.append(lookup.ids[rows[~hot]])
+            cold_grads.append(values[~hot])
+        empty_ids, empty_grads = slots[0][:0], slot_grads[0][:0]
+        self.store.update(
+            torch.cat(slots), torch.cat(slot_grads), torch.cat(cold_ids or [empty_ids]), torch.cat(cold_grads or [empty_grads]), rule
+        )
         return True
 
     def clear_gradients(self) -> None:

@@ -134,8 +134,7 @@ def is_popular(batch: Batch, hot: torch.Tensor) -> torch.Tensor:
 
     Args:
         batch: the mini-batch (jagged, feature-major).
-        hot: bool [nnz], whether each index of ``batch.sparse_values`` is a hot row
-            (``find_sorted(hot_ids, RowSpace.batch_ids(batch))[0]``).
+        hot: bool [nnz], whether each index of ``batch.sparse_values`` is a hot row.
     """
     popular = torch.ones(batch.batch_size, dtype=torch.bool, device=hot.device)
     popular[sample_of_lookups(batch)[~hot]] = False
@@ -155,3 +154,10 @@ def sample_of_lookups(batch: Batch) -> torch.Tensor:
 def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, Batch]:
     """(popular samples, the other samples) of ``batch``, each keeping the original order."""
     return batch.select(torch.nonzero(popular).view(-1)), batch.select(torch.nonzero(~popular).view(-1))
+
+
+def split_popular(batch: Batch, popular: torch.Tensor, slots: torch.Tensor) -> tuple[Batch, torch.Tensor, Batch]:
+    """(popular samples, the fast-tier slot of each of their indices, the other samples) of
+    ``batch``, each keeping the original order; ``slots``: int64 [nnz], per index of ``batch``."""
+    hot_batch, positions = batch.select_with_positions(torch.nonzero(popular).view(-1))
+    return hot_batch, slots[positions], batch.select(torch.nonzero(~popular).view(-1))

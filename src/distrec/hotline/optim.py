@@ -3,9 +3,10 @@
 ``distrec.train.optim`` defines the sparse optimizers (SGD, row-wise Adagrad, lazy Adam)
 for a table-sized parameter with table-sized state. In Hotline a row and its optimizer
 state live together in one stored row of the fast or the slow tier (see ``tiers.py``), so
-this optimizer gathers the touched rows of each tier, runs the very same ``update`` of the
-project's optimizer on them (weights and state as views of the gathered rows), and writes
-them back to their own tier. Same formula, so the trained model equals ordinary training.
+this optimizer runs the very same ``update`` of the project's optimizer on each tier, with
+weights and state as column views of the stored rows: in place on the fast tier (indexed by
+slot), and on a gathered copy of the touched slow-tier rows, written back. Same formula, so
+the trained model equals ordinary training.
 """
 
 from __future__ import annotations
@@ -81,14 +82,10 @@ class TieredRowOptimizer(Optimizer):
             self.state[STEP_KEY] = steps + 1
         return loss
 
-    def _update(self, rows: torch.Tensor, grads: torch.Tensor, group: dict, steps: int) -> None:
-        """Run the project optimizer's update on unique gathered rows [n, width] in place."""
-        n, dim = grads.shape
-        if n == 0:
-            return
-        grad = torch.sparse_coo_tensor(
-            torch.arange(n, device=rows.device).unsqueeze(0), grads, (n, dim), is_coalesced=True, check_invariants=False
-        )
+    def _update(self, rows: torch.Tensor, grad: torch.Tensor, group: dict, steps: int) -> None:
+        """Run the project optimizer's update in place on stored rows [n, width] (a gathered
+        copy, or the whole fast tier) from their sparse gradient [n, dim]."""
+        dim = grad.shape[1]
         state = state_views(rows, self.embeddings.optimizer, dim)
         state[STEP_KEY] = steps
         self._rule.update(rows[:, :dim], grad, group, state)

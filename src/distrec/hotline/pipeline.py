@@ -5,7 +5,8 @@ For each mini-batch of B samples (Adnan et al., ISCA 2024):
 1. the access logger may sample it (learning);
 2. it is split into a popular micro-batch (every index hot) and a non-popular one;
 3. a worker thread starts gathering the non-popular micro-batch's rows, cold ones from the
-   slow tier, while the popular micro-batch runs forward and backward from the fast tier;
+   slow tier, while the popular micro-batch runs forward and backward on the fast tier
+   itself (its indices replaced by fast-tier slots: no gather, no deduplication);
 4. the non-popular micro-batch then runs with the prefetched rows.
 
 Each micro-batch's loss is its summed per-sample loss divided by B, so the accumulated
@@ -29,8 +30,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.embedding import EmbeddingLookup, HotlineEmbeddingBagCollection
-from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_batch
-from distrec.hotline.rows import find_sorted
+from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_popular
 
 WORKER_NAME = "hotline-prefetch"
 
@@ -133,20 +133,24 @@ class HotlinePipeline:
         size = batch.batch_size
         ids = self.embeddings.space.batch_ids(batch)
         self.logger.observe(ids)
-        hot, _ = find_sorted(self.embeddings.hot_ids, ids)
+        slots = self.embeddings.store.slots(ids)
+        hot = slots >= 0
         mask = is_popular(batch, hot)
         num_popular = int(mask.sum())
-        if num_popular in (0, size):
-            popular, other = (batch, None) if num_popular == size else (None, batch)
+        if num_popular == size:
+            popular, popular_slots, other = batch, slots, None
+        elif num_popular == 0:
+            popular, popular_slots, other = None, None, batch
         else:
-            popular, other = split_batch(batch, mask)
+            popular, popular_slots, other = split_popular(batch, mask, slots)
         prefetch: Future[EmbeddingLookup] | None = None
         try:
             if other is not None and popular is not None:
                 prefetch = self._worker.submit(self.embeddings.lookup, other)
             loss = torch.zeros((), device=batch.labels.device)
             if popular is not None:
-                loss += backward(popular, normalizer or size)
+                with self.embeddings.prefetched(self.embeddings.hot_lookup(popular, popular_slots)):
+                    loss += backward(popular, normalizer or size)
             if other is not None:
                 waited = time.perf_counter()
                 lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other)

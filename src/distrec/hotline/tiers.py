@@ -4,7 +4,10 @@ The slow tier is the whole fused table (all tables, global row ids, see ``rows.p
 ``i`` at position ``i``: a memory-mapped scratch file on disk when the model runs on the
 host (so tables larger than RAM still train; the page cache holds what fits), or host
 memory, pinned, when the model runs on an accelerator. The fast tier is a compact tensor of
-the hot rows on the model's device, ``fast[j]`` holding row ``hot_ids[j]`` (ascending).
+the hot rows on the model's device, ``fast[j]`` (slot j) holding row ``hot_ids[j]``
+(ascending). A slot map, int32 per row in host memory (4 bytes per row, 1/dim of the table's
+own bytes at most), gives each row's slot or -1, so finding the tier of a batch's rows is one
+gather instead of a binary search (about 15x faster for 26k lookups among 60k hot rows).
 
 Every row lives in exactly one tier: a hot row's slow-tier slot is stale and is never read
 or updated until the row leaves the hot set, when its fast copy is written back. So
@@ -28,7 +31,6 @@ import torch
 from tqdm import tqdm
 
 from distrec.errors import DistrecError
-from distrec.hotline.rows import find_sorted
 from distrec.io import atomic_path
 
 FLOAT_BYTES = 4
@@ -36,7 +38,10 @@ CHUNK_BYTES = 64 << 20  # rows are initialised, saved and loaded in chunks of ab
 SLOW_TIERS = ("auto", "disk", "host")
 
 RowInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 [end - start, width]
-RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]  # (rows [n, width], grads [n, dim]), in place
+# (rows [n, width], grad: sparse COO [n, dim], entries may repeat) -> None: updates in place
+# the rows that have entries, weights and optimizer state
+RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]
+NOT_HOT = -1  # the slot map's entry of a row in the slow tier
 
 
 def _map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
@@ -121,6 +126,7 @@ class TwoTierStore:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.fast = torch.empty((0, width), device=self.device)
+        self._slot_of = torch.full((num_rows,), NOT_HOT, dtype=torch.int32)
         self._fill(init, progress)
 
     def _fill(self, init: RowInit, progress: bool) -> None:
@@ -137,38 +143,47 @@ class TwoTierStore:
         """Bytes of the slow tier: a slot for every row (hot rows' slots are stale)."""
         return self.slow.numel() * FLOAT_BYTES
 
-    def gather(self, ids: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    def slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Fast-tier slot of each of the global rows ``ids``, -1 for rows in the slow tier:
+        int64 [n], on the device of ``ids``."""
+        return self._slot_of[ids.cpu()].to(ids.device, torch.int64)
+
+    def fast_weights(self, dim: int) -> torch.Tensor:
+        """The embedding weights of the hot rows, a [H, dim] view of the fast tier (row j = slot j)."""
+        return self.fast[:, :dim]
+
+    def gather(self, ids: torch.Tensor, width: int | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
         """The first ``width`` floats (default: all) of rows ``ids``, on the store's device.
 
-        Reads each row from the tier holding it. Safe to call from a worker thread while no
-        update or tier move runs.
+        Reads each row from the tier holding it (``slots``: ``self.slots(ids)``, if known).
+        Safe to call from a worker thread while no update or tier move runs.
         """
         width = self.width if width is None else width
         ids = ids.to(self.device)
-        hot, slot = find_sorted(self.hot_ids, ids)
+        slots = self.slots(ids) if slots is None else slots.to(self.device)
+        hot = slots >= 0
         out = torch.empty((ids.numel(), width), device=self.device)
-        out[hot] = self.fast[slot[hot], :width]
+        out[hot] = self.fast[slots[hot], :width]
         cold = ~hot
         out[cold] = self._read_slow(ids[cold], width).to(self.device, non_blocking=True)
         return out
 
-    def update(self, ids: torch.Tensor, grads: torch.Tensor, rule: RowUpdate) -> None:
-        """Apply ``rule`` to the unique rows ``ids`` with their gradients, in the tier holding each.
+    def update(self, slots: torch.Tensor, slot_grads: torch.Tensor, cold_ids: torch.Tensor, cold_grads: torch.Tensor, rule: RowUpdate) -> None:
+        """Apply ``rule`` once to every row with gradient entries, in the tier holding it.
 
-        ``rule(rows, grads)`` changes ``rows`` (a gathered copy, [n, width]) in place; cold
-        rows are updated on the host where the slow tier lives.
+        Entries may repeat a row (the rule sums them): hot rows by fast-tier slot (``slots``
+        int64 [n], ``slot_grads`` [n, dim]), updated in place in the fast tier; cold rows by
+        global id (``cold_ids`` int64 [m], ``cold_grads`` [m, dim]), gathered from the slow
+        tier on the host, updated, and written back.
         """
-        ids = ids.to(self.device)
-        hot, slot = find_sorted(self.hot_ids, ids)
-        hot_slots = slot[hot]
-        rows = self.fast[hot_slots]
-        rule(rows, grads[hot])
-        self.fast[hot_slots] = rows
-        cold = ~hot
-        cold_ids = ids[cold].cpu()
-        rows = self.slow[cold_ids]
-        rule(rows, grads[cold].to(rows.device))
-        self.slow[cold_ids] = rows
+        dim = slot_grads.shape[1]
+        if slots.numel():
+            rule(self.fast, _row_gradient(slots.to(self.device), slot_grads, (self.fast.shape[0], dim)))
+        if cold_ids.numel():
+            ids, entry_row = torch.unique(cold_ids.cpu(), return_inverse=True)
+            rows = self._read_slow(ids, self.width)
+            rule(rows, _row_gradient(entry_row, cold_grads.to(rows.device), (ids.numel(), dim)))
+            self.slow[ids] = rows
 
     def set_hot(self, new_ids: np.ndarray) -> None:
         """Make the rows ``new_ids`` (ascending unique global ids) the fast tier.
@@ -176,18 +191,21 @@ class TwoTierStore:
         Rows leaving the fast tier are written back to the slow tier first; rows entering it
         are read from the slow tier; rows staying are copied within the fast tier.
         """
-        new = torch.as_tensor(np.asarray(new_ids, dtype=np.int64), device=self.device)
+        new = torch.as_tensor(np.asarray(new_ids, dtype=np.int64))
         if new.numel() and bool(torch.any(new[1:] <= new[:-1]) | (new[0] < 0) | (new[-1] >= self.num_rows)):
             raise ValueError("hot ids must be ascending unique global row ids below num_rows")
-        stays, _ = find_sorted(new, self.hot_ids)
-        leaving = ~stays
-        self.slow[self.hot_ids[leaving].cpu()] = self.fast[leaving].cpu()
-        was_hot, old_slot = find_sorted(self.hot_ids, new)
+        old = self.hot_ids.cpu()
+        leaving = ~torch.isin(old, new)
+        self.slow[old[leaving]] = self.fast[leaving.to(self.device)].cpu()
+        old_slot = self._slot_of[new].long()
+        was_hot = old_slot >= 0
         fast = torch.empty((new.numel(), self.width), device=self.device)
-        fast[was_hot] = self.fast[old_slot[was_hot]]
+        fast[was_hot.to(self.device)] = self.fast[old_slot[was_hot].to(self.device)]
         entering = ~was_hot
-        fast[entering] = self._read_slow(new[entering], self.width).to(self.device, non_blocking=True)
-        self.fast, self.hot_ids = fast, new
+        fast[entering.to(self.device)] = self._read_slow(new[entering], self.width).to(self.device, non_blocking=True)
+        self._slot_of[old[leaving]] = NOT_HOT
+        self._slot_of[new] = torch.arange(new.numel(), dtype=torch.int32)
+        self.fast, self.hot_ids = fast, new.to(self.device)
 
     def save(self, path: str | Path, progress: bool = False) -> None:
         """Write every stored row, from the tier holding it, as a float32 [num_rows, width]
@@ -236,9 +254,15 @@ class TwoTierStore:
         self.fast = self.fast.new_empty((0, self.width))
         self.hot_ids = self.hot_ids.new_empty(0)
         self.slow = torch.empty((0, self.width))
+        self._slot_of = torch.empty(0, dtype=torch.int32)
 
     def __enter__(self) -> TwoTierStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _row_gradient(rows: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A sparse COO row gradient of ``shape``: entry k adds ``values[k]`` to row ``rows[k]``."""
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, check_invariants=False)

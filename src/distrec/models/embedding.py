@@ -27,7 +27,7 @@ class Bags(NamedTuple):
     bag_of_row: torch.Tensor | None
 
 
-def sample_major_bags(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor) -> Bags:
     """Reorder a feature-major jagged batch into sample-major bags of fused-table rows.
 
     Pooling the result yields [B, F, D] directly, without a transpose of the output.
@@ -38,19 +38,13 @@ def sample_major_bags(values: torch.Tensor, offsets: torch.Tensor, row_offsets: 
         row_offsets: int64 [F] first row of each feature's table in the fused table.
 
     Returns:
-        ``(rows, bag_offsets)``: int64 [nnz] fused-table rows and int64 [B * F + 1]
-        boundaries of bag ``b * F + f``.
+        ``Bags``: int64 [nnz] fused-table rows, int64 [B * F + 1] boundaries of bag
+        ``b * F + f``, and the bag of each row (None when every bag has one row).
 
     Example:
-        >>> sample_major_bags(torch.tensor([1, 2, 0]), torch.tensor([0, 1, 2, 3]), torch.tensor([10]))
+        >>> sample_major(torch.tensor([1, 2, 0]), torch.tensor([0, 1, 2, 3]), torch.tensor([10]))[:2]
         (tensor([11, 12, 10]), tensor([0, 1, 2, 3]))
     """
-    bags = _sample_major(values, offsets, row_offsets)
-    return bags.rows, bags.offsets
-
-
-def _sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor) -> Bags:
-    """``sample_major_bags`` plus the bag of each row (None when every bag has one row)."""
     num_features = row_offsets.numel()
     num_bags = offsets.numel() - 1
     batch_size = num_bags // num_features
@@ -121,6 +115,12 @@ class _SumPooling(torch.autograd.Function):
         coalesced = bags.bag_of_row is not None
         sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=coalesced)
         return sparse, None
+
+
+def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
+    """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D]. The gradient of ``weight``
+    is sparse COO (one entry per lookup for single-row bags, else one per distinct row)."""
+    return _SumPooling.apply(weight, bags)
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -202,8 +202,8 @@ class EmbeddingBagCollection(nn.Module):
                 "use the tables of the same data set"
             )
         self._check_indices(batch)
-        bags = _sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
-        return _SumPooling.apply(self.weight, bags).view(batch.batch_size, self.num_features, self.dim)
+        bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
+        return pool_sum(self.weight, bags).view(batch.batch_size, self.num_features, self.dim)
 
     def _check_indices(self, batch: Batch) -> None:
         """Raise DistrecError if an index falls outside its own table (it would hit a neighbour)."""
