@@ -1,0 +1,127 @@
+"""How much a thread reading a memory-mapped file from disk slows computation on the other core.
+
+Hotline's prefetch worker gathers cold rows from the disk tier (page faults) while the
+training thread computes the popular micro-batch. On a machine with few cores the kernel's
+work for those reads (fault handling, I/O completion, the process's memory-map lock) is not
+confined to the worker's core. This benchmark measures that directly: one thread runs a
+fixed MLP forward and backward (one compute thread, like the benchmarks of
+``benchmarks/hotline.py``) while a second thread, in turns,
+
+- ``idle``: sleeps;
+- ``ram``: gathers random 256-byte rows from a table in RAM (CPU work, no I/O);
+- ``disk``: gathers random rows from a memory-mapped file whose pages were evicted
+  (``madvise(MADV_PAGEOUT)``), so every row is a major page fault: Hotline's cold gather.
+
+It prints the compute thread's median ms per iteration for each, and the ratios to ``idle``
+(1.0: no interference). The last line is one JSON object with every figure.
+
+Usage:
+    python benchmarks/page_fault_interference.py            # ~1 minute, a 1 GB scratch file
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+MADV_PAGEOUT = 21  # <sys/mman.h>, Linux >= 5.4
+ROW_FLOATS = 64
+
+
+def scratch_table(rows: int, directory: str) -> tuple[torch.Tensor, mmap.mmap]:
+    """A float32 [rows, 64] table in an unlinked, memory-mapped file, filled (pages written)."""
+    nbytes = rows * ROW_FLOATS * 4
+    fd, name = tempfile.mkstemp(dir=directory)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        mapping = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    mapping.madvise(mmap.MADV_RANDOM)
+    table = torch.from_numpy(np.frombuffer(mapping, dtype=np.float32).reshape(rows, ROW_FLOATS))
+    table.fill_(1.0)
+    return table, mapping
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=4_000_000, help="rows of the table (64 floats each)")
+    p.add_argument("--gather-rows", type=int, default=300, help="rows per gather (Hotline's cold rows per step)")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=5, help="compute iterations per round and mode")
+    p.add_argument("--dir", default=tempfile.gettempdir(), help="where the scratch file goes (unlinked at once)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    disk, mapping = scratch_table(args.rows, args.dir)
+    ram = disk.clone()
+
+    def evict() -> None:
+        mapping.flush()
+        if libc.madvise(disk.data_ptr(), disk.numel() * 4, MADV_PAGEOUT) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_PAGEOUT) failed")
+
+    source: dict[str, torch.Tensor | None] = {"table": None}
+    stop = threading.Event()
+
+    def gatherer() -> None:
+        gen = torch.Generator().manual_seed(0)
+        while not stop.is_set():
+            table = source["table"]
+            if table is None:
+                time.sleep(0.001)
+                continue
+            torch.index_select(table, 0, torch.randint(0, args.rows, (args.gather_rows,), generator=gen))
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1024, 512, generator=gen)
+    w1 = torch.randn(512, 512, generator=gen, requires_grad=True)
+    w2 = torch.randn(512, 256, generator=gen, requires_grad=True)
+
+    def compute_ms() -> float:
+        started = time.perf_counter()
+        for _ in range(args.iterations):
+            (torch.relu(x @ w1) @ w2).sum().backward()
+        return 1000 * (time.perf_counter() - started) / args.iterations
+
+    worker = threading.Thread(target=gatherer, name="gatherer")
+    worker.start()
+    modes = {"idle": None, "ram": ram, "disk": disk}
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    try:
+        compute_ms()
+        evict()
+        for _ in range(args.rounds):
+            for mode, table in modes.items():
+                source["table"] = table
+                times[mode].append(compute_ms())
+                source["table"] = None
+                evict()
+    finally:
+        stop.set()
+        worker.join()
+    medians = {m: float(np.median(t)) for m, t in times.items()}
+    result = {
+        "compute_ms": medians,
+        "ms_per_round": {m: [round(v, 1) for v in t] for m, t in times.items()},
+        "slowdown_ram": medians["ram"] / medians["idle"],
+        "slowdown_disk": medians["disk"] / medians["idle"],
+    }
+    for mode, ms in medians.items():
+        print(f"{mode:>5}: {ms:6.1f} ms per iteration, {ms / medians['idle']:.2f}x idle")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
