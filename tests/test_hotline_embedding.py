@@ -77,3 +77,31 @@ def test_an_index_outside_its_table_is_a_user_error():
     batch.sparse_values[0] = TABLES[0].num_rows  # would silently read table t1 in a fused table
     with pytest.raises(DistrecError, match="outside"):
         ebc(batch)
+
+
+def zero_touched_rows(rows: torch.Tensor, grad: torch.Tensor) -> None:
+    """A row rule that zeroes every stored row with a gradient entry."""
+    rows.index_fill_(0, grad.coalesce().indices()[0], 0.0)
+
+
+def test_a_hot_lookup_pools_from_the_fast_tier_without_gathering(monkeypatch):
+    model = tiny_dlrm()
+    ebc = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, slow="host")
+    batch = zipf_batch(np.random.default_rng(6), 16)
+    ids = ebc.space.batch_ids(batch)
+    untouched_rows = np.setdiff1d(np.arange(ebc.space.total_rows), ids.numpy())[:3]
+    hot = np.union1d(ids.numpy(), untouched_rows)  # every row of the batch, and three it does not touch
+    ebc.set_hot_set(HotSet.from_global_ids(hot, ebc.space, 0))
+    slots = ebc.store.slots(ids)
+    assert bool((slots >= 0).all())
+    monkeypatch.setattr(ebc.store, "gather", None)  # any gather would fail
+    with ebc.prefetched(ebc.hot_lookup(batch, slots)):
+        out = ebc(batch)
+    assert torch.equal(out, model.embeddings(batch))
+    out.sum().backward()
+    before = ebc.store.fast.clone()
+    assert ebc.apply_gradients(zero_touched_rows)
+    touched = torch.zeros(len(hot), dtype=torch.bool)
+    touched[slots] = True
+    assert bool((ebc.store.fast[touched] == 0).all())  # updated in place, in the fast tier
+    assert (~touched).sum() == 3 and torch.equal(ebc.store.fast[~touched], before[~touched])
