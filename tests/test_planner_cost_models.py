@@ -118,19 +118,3 @@ def test_compute_model_is_additive_and_monotone_in_the_tables(tmp_path):
     # the synthetic per-table cost is 0.002 x dim x pooling + 0.3 ms: the learned one follows it
     truth = np.array([0.002 * t.dim * t.pooling_factor + 0.3 for t in tables])
     assert np.corrcoef(lone - offset, truth)[0, 1] > 0.9
-
-
-def test_member_predictions_average_to_the_ensemble_and_batch_over_plans(tmp_path):
-    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 120, 60), seed=0, epochs=20, verbose=False)
-    predictor = models.predictor(2)
-    pool = make_table_pool(seed=0)
-    layout = [[pool.table(0, 16, "a"), pool.table(1, 8, "b")], [pool.table(2, 32, "c")]]
-    summed = np.array([predictor.embed(ts).sum(axis=0) for ts in layout])
-    members = predictor.member_compute(summed)
-    assert members.shape == (2, ENSEMBLE_SIZE) and members.mean(axis=1) == pytest.approx(predictor.device_compute(summed))
-    by_member = predictor.placement_costs(layout, by_member=True)
-    assert by_member["total"].shape == (ENSEMBLE_SIZE, 2)
-    for m in range(ENSEMBLE_SIZE):  # a batch row is that member's compute on its own
-        alone = predictor.plan_costs(members[:, m], np.array([24, 32]))
-        assert by_member["total"][m] == pytest.approx(alone["total"]) and by_member["fw_comm"][m] == pytest.approx(alone["fw_comm"])
-    assert predictor.placement_costs(layout)["compute"] == pytest.approx(members.mean(axis=1))

@@ -270,11 +270,9 @@ class CostPredictor:
     def __init__(self, compute: ComputeEnsemble, fw: CommCostNet, bw: CommCostNet) -> None:
         members = list(compute.members)
         self._members = [(_numpy_layers(m.table_mlp), _Scaling(m)) for m in members]
-        heads = [(*m.head.numpy_parameters(), float(m.target_scale)) for m in members]
-        self._member_weight = np.stack([w * scale for w, _, scale in heads])  # [members, 32]
-        self._member_offset = np.array([b * scale for _, b, scale in heads])
-        self._head_weight = self._member_weight.ravel() / len(members)
-        self._head_offset = float(self._member_offset.mean())
+        heads = [(*m.head.numpy_parameters(), float(m.target_scale) / len(members)) for m in members]
+        self._head_weight = np.concatenate([w * scale for w, _, scale in heads])
+        self._head_offset = sum(b * scale for _, b, scale in heads)
         self._fw_layers, self._fw_scaling = _numpy_layers(fw.mlp), _Scaling(fw)
         self._bw_layers, self._bw_scaling = _numpy_layers(bw.mlp), _Scaling(bw)
 
@@ -287,49 +285,25 @@ class CostPredictor:
         """Predicted lookup time (ms) of devices from their summed embeddings [..., 32 x members]."""
         return np.atleast_2d(summed_embeddings) @ self._head_weight + self._head_offset
 
-    @property
-    def members(self) -> int:
-        """Nets in the computation ensemble."""
-        return len(self._member_offset)
-
-    def member_compute(self, summed_embeddings: np.ndarray) -> np.ndarray:
-        """Every member's predicted lookup time (ms): summed embeddings [..., 32 x members] -> [..., members].
-
-        Their mean is ``device_compute``; their spread is the ensemble's disagreement.
-        """
-        summed = np.asarray(summed_embeddings, dtype=np.float64)
-        per_member = summed.reshape(*summed.shape[:-1], *self._member_weight.shape)
-        return (per_member * self._member_weight).sum(-1) + self._member_offset
-
     def plan_costs(self, compute_ms: np.ndarray, dim_sums: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total.
-
-        ``compute_ms`` is [devices], or [plans, devices] for several compute predictions of
-        one placement (such as every ensemble member's); ``dim_sums`` is [devices].
-        """
+        """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
         compute_ms = np.asarray(compute_ms, dtype=np.float64)
-        dims = np.broadcast_to(np.asarray(dim_sums, dtype=np.float64), compute_ms.shape)
+        dims = np.asarray(dim_sums, dtype=np.float64)
         bw = self._comm(self._bw_layers, self._bw_scaling, dims)
         ready = compute_ms + bw
-        fw_inputs = np.concatenate([dims, ready - ready.min(-1, keepdims=True)], axis=-1)
-        fw = self._comm(self._fw_layers, self._fw_scaling, fw_inputs) + start_wait_ms(ready)
+        fw = self._comm(self._fw_layers, self._fw_scaling, np.concatenate([dims, ready - ready.min()])) + start_wait_ms(ready)
         return {"compute": compute_ms, "bw_comm": bw, "fw_comm": fw, "total": compute_ms + bw + fw}
 
-    def placement_costs(self, device_tables: list[list[TableSpec]], by_member: bool = False) -> dict[str, np.ndarray]:
-        """Per-device predicted costs (ms) of devices holding these tables (or column shards).
-
-        Arrays are [devices] by the ensemble mean, or [members, devices] with ``by_member``.
-        """
-        summed = np.array([self.embed(ts).sum(axis=0) if ts else np.zeros(self._member_weight.size) for ts in device_tables])
-        used = np.array([bool(ts) for ts in device_tables])
-        compute = (self.member_compute(summed).T if by_member else self.device_compute(summed)) * used
+    def placement_costs(self, device_tables: list[list[TableSpec]]) -> dict[str, np.ndarray]:
+        """Per-device predicted costs (ms) of devices holding these tables (or column shards)."""
+        compute = np.array(
+            [self.device_compute(self.embed(ts).sum(axis=0))[0] if ts else 0.0 for ts in device_tables]
+        )
         return self.plan_costs(compute, np.array([sum(t.dim for t in ts) for ts in device_tables]))
 
     @staticmethod
     def _comm(layers, scaling: _Scaling, x: np.ndarray) -> np.ndarray:
-        """Per-device all-to-all times (ms) of inputs [..., inputs] -> [..., devices]."""
-        flat = x.reshape(-1, x.shape[-1])
-        return (_run_numpy(layers, scaling.standardise(flat)) * scaling.target_scale).reshape(*x.shape[:-1], -1)
+        return _run_numpy(layers, scaling.standardise(x)[None, :])[0] * scaling.target_scale
 
 
 # ----------------------------------------------------------------------------- training

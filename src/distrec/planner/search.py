@@ -12,17 +12,6 @@ heuristic's plan and keeps one only if the cost models rank it best. The beam
 search (width K, L steps) halves the columns of one of the N largest or N most expensive
 chunks per step, keeping dimensions divisible by 4. Device compute costs are cached by the
 set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
-
-Robust objective (not in the paper, off by default: in executed benchmarks it was no
-better than the mean, see the README): a search that minimises a noisy prediction picks the
-plans the models under-predict most, and between good plans the models' errors exceed the
-gaps. So the search starts from a reference plan, the greedy heuristics' placement of the
-whole tables that the ensemble mean ranks best, and minimises the largest excess of a
-plan's cost over the reference's among the compute ensemble's members (each member's
-compute with the shared all-to-all models). A plan then replaces the reference only if
-every member predicts it cheaper, and the plan kept is the one with the largest improvement
-that every member agrees on: the members' disagreement stands for the models' error, and
-errors common to all members cancel in the paired difference.
 """
 
 from __future__ import annotations
@@ -60,8 +49,6 @@ class SearchOptions:
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
         heuristic_placements: also score the greedy heuristics' placements of every chunk set.
-        robust: minimise the worst excess over the reference plan among the ensemble members
-            (see the module doc); False minimises the ensemble mean's prediction.
     """
 
     beam_width: int = 3
@@ -72,7 +59,6 @@ class SearchOptions:
     grid_search: bool = True
     use_cache: bool = True
     heuristic_placements: bool = True
-    robust: bool = False
 
     def __post_init__(self) -> None:
         if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
@@ -83,13 +69,12 @@ class SearchOptions:
 
     @classmethod
     def ablation(cls, name: str) -> SearchOptions:
-        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid``, ``no-cache`` or ``robust`` (the robust objective)."""
+        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
         variants = {
             "full": cls(),
             "no-beam": cls(beam_width=1),
             "no-grid": cls(grid_search=False),
             "no-cache": cls(use_cache=False),
-            "robust": cls(robust=True),
         }
         if name not in variants:
             raise DistrecError(f"unknown search variant {name!r}; choose one of: {', '.join(variants)}")
@@ -165,11 +150,9 @@ def check_feasible(tables: list[TableSpec], num_devices: int, memory_per_device:
 
 @dataclass
 class _Evaluation:
-    score: float  # what the search minimises (see ``NeuroShardSearch._score``)
+    cost: float
     device_of: list[int] | None = None
-    device_compute: list[float] = field(default_factory=list)  # ms per device, ensemble mean
-    cost: float = math.inf  # predicted plan cost (ms) by the ensemble mean
-    member_costs: np.ndarray | None = None  # [members] the plan's cost (ms) by every member
+    device_compute: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -205,8 +188,7 @@ class NeuroShardSearch:
         self._splittable = [t.name not in self.constraints.no_split and i not in self._pin_of for i, t in enumerate(tables)]
         self._chunks: dict[tuple[int, int], _ChunkInfo] = {}
         self._codes = np.random.default_rng(0)
-        self._cache: dict[int, tuple[float, np.ndarray]] = {}
-        self._reference: np.ndarray | None = None
+        self._cache: dict[int, float] = {}
         self.cache_lookups = self.cache_hits = 0
 
     # -- cost model access -------------------------------------------------------------
@@ -233,9 +215,8 @@ class NeuroShardSearch:
             self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1, proxies)
         return self._chunks[key]
 
-    def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> tuple[float, np.ndarray]:
-        """A device's predicted compute cost (ms) by the ensemble mean and by every member
-        [members], cached by the hash of its chunk multiset.
+    def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
+        """Predicted compute cost (ms) of a device, cached by the hash of its chunk multiset.
 
         The hash is the sum (mod 2**64) of random 64-bit chunk codes (Zobrist hashing), so
         it is updated in O(1) as chunks are added; two different sets collide with
@@ -245,33 +226,19 @@ class NeuroShardSearch:
         if self.options.use_cache and set_hash in self._cache:
             self.cache_hits += 1
             return self._cache[set_hash]
-        members = self.predictor.member_compute(summed_embedding)
-        cost = (float(members.mean()), members)
+        cost = float(self.predictor.device_compute(summed_embedding)[0])
         if self.options.use_cache:
             self._cache[set_hash] = cost
         return cost
 
     # -- placement ---------------------------------------------------------------------
 
-    def _score(self, member_costs: np.ndarray, mean_cost: float) -> float:
-        """What the search minimises: with ``robust`` and a reference plan, the largest excess
-        (ms) of a plan's cost over the reference's among the ensemble members; else the cost
-        predicted by the ensemble mean."""
-        if self.options.robust and self._reference is not None:
-            return float((member_costs - self._reference).max())
-        return mean_cost
-
     def _evaluate(self, state: State) -> _Evaluation:
-        """The best placement of ``state`` (lowest score) over the grid and the heuristics."""
-        return min(sum(self._placements(state), []), key=lambda ev: ev.score, default=_Evaluation(math.inf))
+        """The best greedy placement of ``state`` over the grid of dim bounds.
 
-    def _placements(self, state: State) -> tuple[list[_Evaluation], list[_Evaluation]]:
-        """The greedy placements of ``state`` that fit: over the grid of dim bounds, and the heuristics'.
-
-        Chunks go most expensive first. If that order fits no device under any bound and no
-        heuristic's order fits either (tight memory), the chunks are placed largest first
-        without a bound, as first-fit decreasing bin packing does, so that a state that fits
-        is rarely lost. Both lists are empty if nothing fits.
+        Chunks go most expensive first. If that order fits no device under any bound (tight
+        memory), the chunks are placed largest first without a bound, as first-fit
+        decreasing bin packing does, so that a state that fits is rarely lost.
         """
         opts = self.options
         info = [self._chunk(c.table, c.dim) for c in state]
@@ -279,56 +246,54 @@ class NeuroShardSearch:
         by_cost = sorted(range(len(state)), key=lambda i: (-info[i].cost, -sizes[i], i))
         mean_dim = sum(c.dim for c in state) / self.num_devices
         bounds = mean_dim * np.linspace(1.0, opts.grid_max, opts.grid_points) if opts.grid_search else [math.inf]
-        model_greedy = [self._place(state, info, sizes, by_cost, bound) for bound in bounds]
-        heuristic = []
+        best = _Evaluation(math.inf)
+        for bound in bounds:
+            ev = self._place(state, info, sizes, by_cost, bound)
+            if ev.cost < best.cost:
+                best = ev
         if opts.heuristic_placements:
             for p in range(len(GREEDY_COSTS)):
                 loads = [x.proxies[p] for x in info]
-                heuristic.append(self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads))
-        model_greedy = [ev for ev in model_greedy if ev.device_of is not None]
-        heuristic = [ev for ev in heuristic if ev.device_of is not None]
-        if not model_greedy and not heuristic:
+                ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
+                if ev.cost < best.cost:
+                    best = ev
+        if best.device_of is None:
             by_size = sorted(range(len(state)), key=lambda i: (-sizes[i], -info[i].cost, i))
-            model_greedy = [ev for ev in [self._place(state, info, sizes, by_size, math.inf)] if ev.device_of is not None]
-        return model_greedy, heuristic
+            best = self._place(state, info, sizes, by_size, math.inf)
+        return best
 
     def _place(
         self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
     ) -> _Evaluation:
         """Greedy placement of the chunks in ``order`` under a dim bound, scored by the cost models.
 
-        A chunk goes to the device of least predicted compute (the ensemble mean), or with
-        ``proxy_loads`` (a heuristic's cost of every chunk) to the device of least summed
-        proxy load.
+        A chunk goes to the device of least predicted compute, or with ``proxy_loads`` (a
+        heuristic's cost of every chunk) to the device of least summed proxy load.
         """
         dims = [c.dim for c in state]
         pins = {i: self._pin_of[c.table] for i, c in enumerate(state) if c.table in self._pin_of}
         summed = np.zeros((self.num_devices, info[0].embedding.size))
         hashes = [0] * self.num_devices
         proxy = [0.0] * self.num_devices
-        members = np.zeros((self.num_devices, self.predictor.members))
 
         def add_item(device: int, item: int) -> float:
             summed[device] += info[item].embedding
             hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
             if proxy_loads is None:
-                mean, members[device] = self._device_compute(hashes[device], summed[device])
-                return mean
+                return self._device_compute(hashes[device], summed[device])
             proxy[device] += proxy_loads[item]
             return proxy[device]
 
         placed = greedy_place(order, sizes, dims, self.num_devices, self.memory, add_item, pins, bound)
         if placed is None:
             return _Evaluation(math.inf)
-        device_of = placed[0]
+        device_of, compute = placed
         if proxy_loads is not None:
-            for r in set(device_of):
-                members[r] = self._device_compute(hashes[r], summed[r])[1]
+            used = set(device_of)
+            compute = [self._device_compute(hashes[r], summed[r]) if r in used else 0.0 for r in range(self.num_devices)]
         dim_sums = np.zeros(self.num_devices)
         np.add.at(dim_sums, device_of, dims)
-        compute = members.mean(axis=1)
-        totals = self.predictor.plan_costs(np.vstack([compute, members.T]), dim_sums)["total"].max(axis=1)
-        return _Evaluation(self._score(totals[1:], float(totals[0])), device_of, compute.tolist(), float(totals[0]), totals[1:])
+        return _Evaluation(float(self.predictor.plan_costs(np.array(compute), dim_sums)["total"].max()), device_of, compute)
 
     # -- splits ------------------------------------------------------------------------
 
@@ -357,15 +322,9 @@ class NeuroShardSearch:
         """Search, and return the best placement found (DistrecError if none fits)."""
         start = time.perf_counter()
         root = self._mandatory_splits()
-        model_greedy, heuristic = self._placements(root)
-        if model_greedy or heuristic:
-            reference = min(heuristic or model_greedy, key=lambda ev: ev.cost)
-            self._reference = reference.member_costs
-            for ev in model_greedy + heuristic:
-                ev.score = self._score(ev.member_costs, ev.cost)
-        best_state, best = root, min(model_greedy + heuristic, key=lambda ev: ev.score, default=_Evaluation(math.inf))
+        best_state, best = root, self._evaluate(root)
         seen = {root}
-        beam = [(best.score, root)]
+        beam = [(best.cost, root)]
         for _ in range(self.options.max_steps):
             children = []
             for _, state in beam:
@@ -375,8 +334,8 @@ class NeuroShardSearch:
                         continue
                     seen.add(child)
                     ev = self._evaluate(child)
-                    children.append((ev.score, child))
-                    if ev.score < best.score:
+                    children.append((ev.cost, child))
+                    if ev.cost < best.cost:
                         best_state, best = child, ev
             if not children:
                 break
