@@ -8,10 +8,10 @@ every task; a plan that does not fit the memory is a failure. Each plan is then 
 every rank, and the real forward/backward all-to-alls of the pooled outputs across D gloo
 processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls.
 On the CPU (2 cores shared by D processes and by other users) a device's compute is the
-minimum over repeated runs of its thread CPU time, each rank alone in turn, and the timed
-steps of all plans of a setting take turns (one step of every plan per round; the median
-over rounds), so load from other jobs falls on every algorithm alike (see
-``distrec.planner.execute``). Variants that produce the same plan of a task are executed
+minimum over rounds of its thread CPU time, each rank alone in turn, the plans of a task
+taking turns within a round; and the timed steps of all plans of a setting take turns (one
+step of every plan per round; the median over rounds), so load from other jobs falls on
+every algorithm alike (see ``distrec.planner.execute``). Variants that produce the same plan of a task are executed
 once and share its cost.
 
 Printed per setting: each algorithm's mean cost over the tasks it solved and its success
@@ -65,7 +65,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--repeats", type=int, default=3, help="timed compute runs per device and plan (after one warm-up run)")
+    p.add_argument("--repeats", type=int, default=3, help="timed compute rounds, each running every plan of a task once per device (after one warm-up round)")
     p.add_argument("--steps", type=int, default=9, help="timed training steps per plan, whose median is its cost (after one warm-up step)")
     p.add_argument("--cost-models", type=Path, help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent")
     p.add_argument("--compute-samples", type=int, default=2000)

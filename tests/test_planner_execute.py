@@ -1,9 +1,12 @@
 """Executing plans on two gloo processes: every device reports compute and all-to-all times."""
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from distrec.planner.api import plan_tables
-from distrec.planner.execute import COST_PARTS, execute_plans
+from distrec.planner import execute
+from distrec.planner.execute import COST_PARTS, compute_in_rounds, execute_plans, task_groups
 from distrec.planner.types import TableSpec
 
 HIST = (0.6, 0.3, 0.1) + (0.0,) * 14
@@ -21,3 +24,23 @@ def test_execute_two_plans_on_two_processes(share_cores):
         for d in range(2):
             assert min(r[part][d] for part in COST_PARTS) > 0
             assert r["total"][d] == pytest.approx(r["compute"][d] + r["fw_comm"][d] + r["bw_comm"][d])
+
+
+def test_task_groups_are_runs_of_plans_placing_the_same_tables():
+    a, b = [TableSpec("a", 10, 4, 1.0, HIST)], [TableSpec("b", 10, 4, 1.0, HIST)]
+    assert task_groups([a, list(a), b, a]) == [range(0, 2), range(2, 3), range(3, 4)]
+    assert task_groups([]) == []
+
+
+def test_compute_in_rounds_runs_the_plans_in_turn_and_keeps_each_minimum(monkeypatch):
+    """Each round runs every plan once in order; warm-up rounds are not counted."""
+    times = iter([100.0, 100.0, 9.0, 5.0, 4.0, 7.0, 6.0, 8.0])  # warm-up round, then two timed rounds
+    calls = []
+    monkeypatch.setattr(execute, "timed_ms", lambda fn, device: (fn(), next(times)))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        best = compute_in_rounds([lambda: calls.append(0), lambda: calls.append(1)], 1, 3, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert calls == [0, 1] * 4
+    assert best == [4.0, 5.0]

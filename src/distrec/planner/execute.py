@@ -12,21 +12,25 @@ runs its backward lookups and the next forward lookups, so its forward all-to-al
 late by its compute time; the all-to-all makes early ranks wait for late ones.
 
 With ``share_cores`` (the default on the CPU, where D processes share a few cores), ranks
-first take turns to time every plan's compute back to back, each alone as on a device of
-its own (the minimum over repeats, in thread CPU time, see ``workload.compute_ms``),
-exactly as the compute micro-benchmark does. The timed steps then sleep for that time in
-place of the compute before their all-to-alls, and the plans take turns step by step
-(round robin over all plans, ``step_repeats`` rounds, the median per plan): load from other
-jobs on the machine falls on every plan's all-to-alls alike. Without it (the default on
-accelerators) every step computes for real, all ranks in parallel, plan after plan. The
-all-to-alls are always real and timed by the wall clock: waiting for late ranks is part of
-them.
+first time every plan's compute, each rank alone as on a device of its own, in thread CPU
+time as the compute micro-benchmark does (see ``workload.compute_ms``). The plans of a task
+(consecutive plans placing the same tables) take turns: in each round every rank in turn
+runs one step of each of the task's plans back to back, and a (plan, device) keeps its
+minimum over the rounds, so load from other jobs on the machine falls on every plan of the
+task alike rather than on whichever plan was timed in a busy slot. The timed steps then
+sleep for that time in place of the compute before their all-to-alls, and all plans take
+turns step by step (round robin, ``step_repeats`` rounds, the median per plan) for the
+same reason. Without it (the default on accelerators) every step computes for real, all
+ranks in parallel, plan after plan. The all-to-alls are always real and timed by the wall
+clock: waiting for late ranks is part of them.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,7 +42,7 @@ from distrec.parallel.plan import ShardingPlan
 from distrec.planner.emit import device_tables
 from distrec.planner.launch import spawn_group
 from distrec.planner.types import TableSpec
-from distrec.planner.workload import LookupWorkload, communication_step, compute_ms, default_device, timed_ms
+from distrec.planner.workload import LookupWorkload, communication_step, default_device, timed_ms
 
 COST_PARTS = ("compute", "fw_comm", "bw_comm", "total")
 
@@ -59,8 +63,9 @@ def execute_plans(
     Args:
         plans: (plan, the tables it places) pairs with equal ``world_size``.
         batch_size: samples per step (a multiple of the world size).
-        warmup: runs (compute) and steps (all-to-alls) discarded before timing.
-        repeats: compute runs timed in turns with ``share_cores`` (their minimum is used).
+        warmup: compute rounds and steps (all-to-alls) discarded before timing.
+        repeats: compute rounds timed with ``share_cores`` (one run of every plan of a task
+            per round; the minimum per plan and device is used).
         seed: seed of the weights and index batches.
         device: device type; defaults to the accelerator, else the CPU.
         share_cores: time-multiplex the ranks' compute (see the module doc); None = on the CPU.
@@ -81,23 +86,37 @@ def execute_plans(
     dev = torch.device(device) if device is not None else default_device()
     share = dev.type == "cpu" if share_cores is None else share_cores
     layouts = [device_tables(plan, tables) for plan, tables in plans]
+    groups = task_groups([tables for _, tables in plans])
     results = mp.get_context("spawn").SimpleQueue()
     show = progress and sys.stderr.isatty()
     steps = repeats if step_repeats is None else step_repeats
-    spawn_group(_execute_worker, world, dev.type, (layouts, batch_size, warmup, repeats, steps, seed, share, show, results))
+    spawn_group(_execute_worker, world, dev.type, (layouts, groups, batch_size, warmup, repeats, steps, seed, share, show, results))
     return results.get()
 
 
-def compute_in_turns(workload: LookupWorkload, warmup: int, repeats: int, device: torch.device) -> float:
-    """This rank's compute time (ms, see ``compute_ms``), measured while every other rank waits its turn."""
+def compute_in_rounds(steps: list[Callable[[], object]], warmup: int, rounds: int, device: torch.device) -> list[float]:
+    """This rank's compute time (ms) of every step function: the minimum over ``rounds``
+    rounds after ``warmup``, each round running every function once, back to back, while
+    the other ranks wait their turn."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    compute = 0.0
-    for turn in range(world):
-        dist.barrier()
-        if turn == rank:
-            compute = compute_ms(workload.step, device, warmup, repeats)
+    best = [math.inf] * len(steps)
+    for round_ in range(warmup + rounds):
+        for turn in range(world):
+            dist.barrier()
+            if turn != rank:
+                continue
+            for i, step in enumerate(steps):
+                ms = timed_ms(step, device)[1]
+                if round_ >= warmup:
+                    best[i] = min(best[i], ms)
     dist.barrier()
-    return compute
+    return best
+
+
+def task_groups(tables: list[list[TableSpec]]) -> list[range]:
+    """Indices of consecutive plans that place the same tables (the plans of one task)."""
+    starts = [i for i in range(len(tables)) if i == 0 or tables[i] != tables[i - 1]]
+    return [range(a, b) for a, b in zip(starts, [*starts[1:], len(tables)])]
 
 
 def _summary(rows: list[tuple[float, float, float]]) -> dict[str, float]:
@@ -146,16 +165,17 @@ def run_interleaved_steps(
     return [_summary(r) for r in rows]
 
 
-def _execute_worker(rank, world, device, layouts, batch_size, warmup, repeats, step_repeats, seed, share_cores, show, results) -> None:
+def _execute_worker(rank, world, device, layouts, groups, batch_size, warmup, repeats, step_repeats, seed, share_cores, show, results) -> None:
     dim_sums = [[sum(t.dim for t in ts) for ts in layout] for layout in layouts]
     bar = tqdm(total=len(layouts), desc="executing plans", unit="plan", disable=not (show and rank == 0))
     mine = []
     if share_cores:
         computes = []
-        for index, layout in enumerate(layouts):
-            workload = LookupWorkload(layout[rank], batch_size, device, np.random.default_rng([seed, index, rank]))
-            computes.append(compute_in_turns(workload, warmup, repeats, device))
-            bar.update()
+        for group in groups:  # one task's workloads at a time, each plan's share of its tables
+            workloads = [LookupWorkload(layouts[i][rank], batch_size, device, np.random.default_rng([seed, i, rank])) for i in group]
+            computes += compute_in_rounds([w.step for w in workloads], warmup, repeats, device)
+            del workloads  # freed before the next task's are built
+            bar.update(len(group))
         mine = run_interleaved_steps(computes, dim_sums, batch_size, warmup, step_repeats, device)
     else:
         for index, layout in enumerate(layouts):
