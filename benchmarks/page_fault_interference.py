@@ -22,35 +22,19 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import mmap
-import os
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+from hotline import PageCacheLimit  # benchmarks/hotline.py
 
-MADV_PAGEOUT = 21  # <sys/mman.h>, Linux >= 5.4
+from distrec.hotline.tiers import map_scratch_file
+
 ROW_FLOATS = 64
-
-
-def scratch_table(rows: int, directory: str) -> tuple[torch.Tensor, mmap.mmap]:
-    """A float32 [rows, 64] table in an unlinked, memory-mapped file, filled (pages written)."""
-    nbytes = rows * ROW_FLOATS * 4
-    fd, name = tempfile.mkstemp(dir=directory)
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-        mapping = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
-        os.unlink(name)
-    mapping.madvise(mmap.MADV_RANDOM)
-    table = torch.from_numpy(np.frombuffer(mapping, dtype=np.float32).reshape(rows, ROW_FLOATS))
-    table.fill_(1.0)
-    return table, mapping
 
 
 def main() -> None:
@@ -62,15 +46,9 @@ def main() -> None:
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where the scratch file goes (unlinked at once)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    disk, mapping = scratch_table(args.rows, args.dir)
+    disk = torch.from_numpy(map_scratch_file(Path(args.dir), args.rows, ROW_FLOATS))
+    disk.fill_(1.0)  # every page written once, then evicted before each measurement
     ram = disk.clone()
-
-    def evict() -> None:
-        mapping.flush()
-        if libc.madvise(disk.data_ptr(), disk.numel() * 4, MADV_PAGEOUT) != 0:
-            raise OSError(ctypes.get_errno(), "madvise(MADV_PAGEOUT) failed")
 
     source: dict[str, torch.Tensor | None] = {"table": None}
     stop = threading.Event()
@@ -96,21 +74,22 @@ def main() -> None:
         return 1000 * (time.perf_counter() - started) / args.iterations
 
     worker = threading.Thread(target=gatherer, name="gatherer")
-    worker.start()
     modes = {"idle": None, "ram": ram, "disk": disk}
     times: dict[str, list[float]] = {m: [] for m in modes}
-    try:
-        compute_ms()
-        evict()
-        for _ in range(args.rounds):
-            for mode, table in modes.items():
-                source["table"] = table
-                times[mode].append(compute_ms())
-                source["table"] = None
-                evict()
-    finally:
-        stop.set()
-        worker.join()
+    with PageCacheLimit(disk, budget_bytes=0) as limit:
+        worker.start()
+        try:
+            compute_ms()
+            limit.evict_all()
+            for _ in range(args.rounds):
+                for mode, table in modes.items():
+                    source["table"] = table
+                    times[mode].append(compute_ms())
+                    source["table"] = None
+                    limit.evict_all()
+        finally:
+            stop.set()
+            worker.join()
     medians = {m: float(np.median(t)) for m, t in times.items()}
     result = {
         "compute_ms": medians,

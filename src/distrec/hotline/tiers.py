@@ -44,7 +44,7 @@ RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]
 NOT_HOT = -1  # the slot map's entry of a row in the slow tier
 
 
-def _map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
+def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
     """A float32 [num_rows, width] memory map of a new, fully allocated, already unlinked file.
 
     The file is allocated up front (so writing pages later cannot fail for lack of disk
@@ -121,7 +121,7 @@ class TwoTierStore:
             slow = "disk" if self.device.type == "cpu" else "host"
         self.slow_kind = slow
         if slow == "disk":
-            self.slow = torch.from_numpy(_map_scratch_file(Path(directory or tempfile.gettempdir()), num_rows, width))
+            self.slow = torch.from_numpy(map_scratch_file(Path(directory or tempfile.gettempdir()), num_rows, width))
         else:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
