@@ -41,7 +41,12 @@ built side by side and take turns, ``--block-steps`` consecutive steps each, in 
 order every round (so every system sees the same load periods, and none runs while another
 one's disk writes are in flight); each system's median step time gives its samples/s. Every system computes with one thread
 (``--threads``): with two, torch's OpenMP regions ran 5-25x slower whenever other
-processes held the cores; Hotline's prefetch worker is its own thread.
+processes held the cores; Hotline's prefetch worker is its own thread. Hotline places its
+step on the CPUs that do not handle the disk's interrupts and its worker on those that do
+(``distrec.hotline.placement``; ``--no-place-threads`` leaves them to the scheduler). (a)
+and (b) are left to the scheduler: pinning (b)'s step the same way made it slower (80-89
+against 74-75 ms per step), since each of its synchronous page faults then wakes it across
+CPUs.
 
 Drift: a smaller model on data whose popular rows move every ``drift_period`` mini-batches
 (``SyntheticConfig.drift_period_rows``), with the slow tier in host memory; the popular
@@ -121,6 +126,7 @@ class Setup:
     timed_steps: int = 30
     block_steps: int = 5  # the systems take turns at this many consecutive steps
     threads: int = 1  # compute threads of every system (Hotline's prefetch worker is one more)
+    place_threads: bool = True  # Hotline's thread placement (hotline/placement.py), used by every system
     seed: int = 1234
 
     @property
@@ -213,6 +219,7 @@ def run_config(setup: Setup, out: Path, relearn_every: int) -> config.RunConfig:
             f"hotline.relearn_every={relearn_every}",
             "hotline.slow_tier=disk",
             f"hotline.slow_tier_dir={out}",
+            f"hotline.place_threads={setup.place_threads}",
         ],
     )
 
@@ -309,7 +316,7 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
             popular_fraction=stats.popular_fraction,
             hot_lookup_fraction=stats.hot_lookup_fraction,
             prefetch_wait_ms_per_step=1000 * stats.prefetch_wait_seconds / stats.steps,
-            **{k: v for k, v in systems[2].hotline.stats().items() if k.endswith("bytes") or k == "hot_rows"},
+            **{k: v for k, v in systems[2].hotline.stats().items() if k.endswith(("bytes", "cpus")) or k == "hot_rows"},
         )
         return result
 
@@ -387,7 +394,9 @@ def main() -> None:
     defaults = Setup()
     for f in dataclasses.fields(Setup):
         value = getattr(defaults, f.name)
-        if isinstance(value, list):
+        if isinstance(value, bool):
+            p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=value)
+        elif isinstance(value, list):
             p.add_argument(f"--{f.name.replace('_', '-')}", type=lambda s: [int(x) for x in s.split(",")], default=value)
         else:
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value)

@@ -10,10 +10,15 @@ fixed MLP forward and backward (one compute thread, like the benchmarks of
 - ``idle``: sleeps;
 - ``ram``: gathers random 256-byte rows from a table in RAM (CPU work, no I/O);
 - ``disk``: gathers random rows from a memory-mapped file whose pages were evicted
-  (``madvise(MADV_PAGEOUT)``), so every row is a major page fault: Hotline's cold gather.
+  (``madvise(MADV_PAGEOUT)``), so every row is a major page fault: Hotline's cold gather;
+- ``disk_placed``: the same, with the threads placed as Hotline places them
+  (``distrec.hotline.placement``): computing on the CPUs that do not handle the disk's
+  interrupts, gathering on those that do;
+- ``disk_on_interrupt_cpus``: the same, with the computing thread on the interrupt CPUs.
 
-It prints the compute thread's median ms per iteration for each, and the ratios to ``idle``
-(1.0: no interference). The last line is one JSON object with every figure.
+The placed modes need a disk whose interrupts are found and a CPU left over; otherwise they
+are skipped. It prints the compute thread's median ms per iteration for each, and the ratios
+to ``idle`` (1.0: no interference). The last line is one JSON object with every figure.
 
 Usage:
     python benchmarks/page_fault_interference.py            # ~1 minute, a 1 GB scratch file
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import threading
 import time
@@ -32,6 +38,7 @@ import numpy as np
 import torch
 from hotline import PageCacheLimit  # benchmarks/hotline.py
 
+from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import map_scratch_file
 
 ROW_FLOATS = 64
@@ -74,7 +81,12 @@ def main() -> None:
         return 1000 * (time.perf_counter() - started) / args.iterations
 
     worker = threading.Thread(target=gatherer, name="gatherer")
-    modes = {"idle": None, "ram": ram, "disk": disk}
+    every_cpu = os.sched_getaffinity(0)
+    modes: dict[str, tuple[torch.Tensor | None, ThreadPlacement | None]] = {"idle": (None, None), "ram": (ram, None), "disk": (disk, None)}
+    placement = ThreadPlacement.away_from_disk(args.dir, compute_threads=1)
+    if placement is not None:
+        modes["disk_placed"] = (disk, placement)
+        modes["disk_on_interrupt_cpus"] = (disk, ThreadPlacement(compute=placement.prefetch, prefetch=placement.compute))
     times: dict[str, list[float]] = {m: [] for m in modes}
     with PageCacheLimit(disk, budget_bytes=0) as limit:
         worker.start()
@@ -82,7 +94,9 @@ def main() -> None:
             compute_ms()
             limit.evict_all()
             for _ in range(args.rounds):
-                for mode, table in modes.items():
+                for mode, (table, place) in modes.items():
+                    os.sched_setaffinity(0, place.compute if place else every_cpu)
+                    os.sched_setaffinity(worker.native_id, place.prefetch if place else every_cpu)
                     source["table"] = table
                     times[mode].append(compute_ms())
                     source["table"] = None
@@ -90,15 +104,16 @@ def main() -> None:
         finally:
             stop.set()
             worker.join()
+            os.sched_setaffinity(0, every_cpu)
     medians = {m: float(np.median(t)) for m, t in times.items()}
     result = {
         "compute_ms": medians,
         "ms_per_round": {m: [round(v, 1) for v in t] for m, t in times.items()},
-        "slowdown_ram": medians["ram"] / medians["idle"],
-        "slowdown_disk": medians["disk"] / medians["idle"],
+        "placement": placement.describe() if placement is not None else None,
+        **{f"slowdown_{m}": medians[m] / medians["idle"] for m in modes if m != "idle"},
     }
     for mode, ms in medians.items():
-        print(f"{mode:>5}: {ms:6.1f} ms per iteration, {ms / medians['idle']:.2f}x idle")
+        print(f"{mode:>22}: {ms:6.1f} ms per iteration, {ms / medians['idle']:.2f}x idle")
     print(json.dumps(result))
 
 

@@ -1,4 +1,5 @@
 import copy
+import os
 import threading
 import time
 
@@ -13,6 +14,7 @@ from distrec.hotline.embedding import HotlineEmbeddingBagCollection
 from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import WORKER_NAME, HotlinePipeline
+from distrec.hotline.placement import ThreadPlacement
 from distrec.train.optim import make_optimizers
 from distrec.train.step import TrainStep
 
@@ -123,4 +125,34 @@ def test_an_error_in_the_caller_waits_for_the_worker(tmp_path):
         pipe.run(zipf_batch(np.random.default_rng(5), 64), failing_backward)
     assert worker_done.is_set()
     assert live_workers() == []
+    ebc.close()
+
+
+def test_a_placement_pins_the_step_and_the_worker(tmp_path):
+    allowed = frozenset(os.sched_getaffinity(0))
+    placement = ThreadPlacement(compute=frozenset({min(allowed)}), prefetch=frozenset({max(allowed)}))
+    ebc = HotlineEmbeddingBagCollection(TABLES, slow="disk", directory=tmp_path)
+    hot = HotSet.from_global_ids(np.r_[0:5, 40:45, 65:70], ebc.space, 0)
+    seen: dict[str, set[frozenset[int]]] = {"step": set(), "worker": set()}
+    gather = ebc.store.gather
+
+    def gather_noting_cpus(ids, width=None, slots=None):
+        if threading.current_thread().name.startswith(WORKER_NAME):
+            seen["worker"].add(frozenset(os.sched_getaffinity(0)))
+        return gather(ids, width, slots)
+
+    def backward(micro: Batch, normalizer: float) -> torch.Tensor:
+        seen["step"].add(frozenset(os.sched_getaffinity(0)))
+        loss = ebc(micro).sum() / normalizer
+        loss.backward()
+        return loss.detach()
+
+    ebc.store.gather = gather_noting_cpus
+    with HotlinePipeline(ebc, AccessLogger(4096), 0, relearn_every=0, hot_set=hot, placement=placement) as pipe:
+        for seed in range(3):
+            pipe.run(zipf_batch(np.random.default_rng(seed), 64), backward)
+            ebc.clear_gradients()
+        assert 0 < pipe.stats.popular_samples < pipe.stats.samples  # the worker gathered
+    assert seen == {"step": {placement.compute}, "worker": {placement.prefetch}}
+    assert os.sched_getaffinity(0) == allowed
     ebc.close()

@@ -147,7 +147,9 @@ class HotlineConfig:
     phase). ``logger_size``: the logger's memory (default: 52 bytes per row the budget
     holds). ``slow_tier``: ``disk`` (a memory-mapped file), ``host`` (host memory, pinned
     for a GPU) or ``auto`` (host with a GPU, disk without); ``slow_tier_dir``: where the
-    disk tier's file goes (default: the run's output directory).
+    disk tier's file goes (default: the run's output directory). ``place_threads``: with a
+    disk tier, run the step on CPUs that do not handle the disk's interrupts and the
+    prefetch worker on those that do, when enough CPUs remain (``hotline/placement.py``).
     """
 
     enabled: bool = False
@@ -157,6 +159,7 @@ class HotlineConfig:
     logger_size: str | None = None
     slow_tier: str = "auto"
     slow_tier_dir: str | None = None
+    place_threads: bool = True
 
 
 @dataclass

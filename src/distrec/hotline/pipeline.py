@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.embedding import EmbeddingLookup, HotlineEmbeddingBagCollection
 from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_popular
+from distrec.hotline.placement import ThreadPlacement
 
 WORKER_NAME = "hotline-prefetch"
 
@@ -91,6 +93,7 @@ class HotlinePipeline:
         budget_bytes: fast-tier budget of the hot set, in bytes.
         relearn_every: re-select the hot set every this many mini-batches (0: never).
         hot_set: an initial hot set (default: the rows already in the fast tier, at first none).
+        placement: CPUs for the step's thread and the prefetch worker (default: the scheduler's choice).
 
     Example:
         >>> with HotlinePipeline(model.embeddings, AccessLogger(64 << 20), 512 << 20, 1000) as pipe:
@@ -106,6 +109,7 @@ class HotlinePipeline:
         budget_bytes: int,
         relearn_every: int,
         hot_set: HotSet | None = None,
+        placement: ThreadPlacement | None = None,
     ) -> None:
         if relearn_every < 0:
             raise DistrecError(f"hotline relearn interval is {relearn_every}; give a number of steps >= 0 (0: never)")
@@ -118,7 +122,9 @@ class HotlinePipeline:
         if hot_set is not None:
             self.use_hot_set(hot_set)
         self._sampled_at_relearn = logger.sampled_batches
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WORKER_NAME)
+        self.placement = placement
+        pin = placement.pin_prefetch_worker if placement is not None else None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WORKER_NAME, initializer=pin)
 
     def run(self, batch: Batch, backward: Backward, normalizer: float | None = None) -> torch.Tensor:
         """Forward and backward one mini-batch as two micro-batches; the loss, detached.
@@ -128,6 +134,10 @@ class HotlinePipeline:
         the mini-batch's mean) and return that loss.
         On any error the worker is waited for and the looked-up rows' gradients dropped.
         """
+        with self.placement.computing() if self.placement is not None else nullcontext():
+            return self._run(batch, backward, normalizer)
+
+    def _run(self, batch: Batch, backward: Backward, normalizer: float | None) -> torch.Tensor:
         if self.relearn_every and self.stats.steps and self.stats.steps % self.relearn_every == 0:
             self.relearn()
         size = batch.batch_size

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from distrec.errors import DistrecError
+from distrec.hotline.readahead import RowReadahead
 from distrec.io import atomic_path
 
 FLOAT_BYTES = 4
@@ -120,8 +121,11 @@ class TwoTierStore:
         if slow == "auto":
             slow = "disk" if self.device.type == "cpu" else "host"
         self.slow_kind = slow
-        if slow == "disk":
-            self.slow = torch.from_numpy(map_scratch_file(Path(directory or tempfile.gettempdir()), num_rows, width))
+        self.slow_directory = Path(directory or tempfile.gettempdir()) if slow == "disk" else None
+        self._readahead: RowReadahead | None = None
+        if self.slow_directory is not None:
+            self.slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
+            self._readahead = RowReadahead(self.slow)
         else:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -244,8 +248,11 @@ class TwoTierStore:
 
     def _read_slow(self, ids: torch.Tensor, width: int) -> torch.Tensor:
         """The first ``width`` floats of slow-tier rows ``ids``, in pinned memory when the
-        fast tier is on CUDA (so the copy to the device can run asynchronously)."""
+        fast tier is on CUDA (so the copy to the device can run asynchronously). The disk
+        tier's reads of all the rows are started together first (``readahead.py``)."""
         ids = ids.cpu()
+        if self._readahead is not None:
+            self._readahead(ids)
         out = torch.empty((ids.numel(), width), pin_memory=self.device.type == "cuda")
         return torch.index_select(self.slow[:, :width], 0, ids, out=out)
 
@@ -255,6 +262,9 @@ class TwoTierStore:
         self.hot_ids = self.hot_ids.new_empty(0)
         self.slow = torch.empty((0, self.width))
         self._slot_of = torch.empty(0, dtype=torch.int32)
+        if self._readahead is not None:
+            self._readahead.close()
+            self._readahead = None
 
     def __enter__(self) -> TwoTierStore:
         return self

@@ -35,6 +35,7 @@ from distrec.hotline.embedding import HotlineEmbeddingBagCollection, uniform_ini
 from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
+from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
 from distrec.tables import TableConfig
@@ -139,7 +140,9 @@ class HotlineTraining:
             hot_rows = min(self.budget_bytes // self.embeddings.hot_row_bytes, total_rows)
             logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
             self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed)
-            self.pipeline = HotlinePipeline(self.embeddings, self.logger, self.budget_bytes, h.relearn_every)
+            disk = self.embeddings.store.slow_directory
+            placement = ThreadPlacement.away_from_disk(disk, torch.get_num_threads()) if h.place_threads and disk is not None else None
+            self.pipeline = HotlinePipeline(self.embeddings, self.logger, self.budget_bytes, h.relearn_every, placement=placement)
         except BaseException:
             self.embeddings.close()
             raise
@@ -162,7 +165,8 @@ class HotlineTraining:
 
     def stats(self) -> dict[str, Any]:
         """What Hotline did so far: fractions of samples run popular and of lookups served
-        hot, re-learnings, hot rows, and the bytes of the fast tier, slow tier and logger."""
+        hot, re-learnings, hot rows, the bytes of the fast tier, slow tier and logger, and
+        the CPUs of the step and the prefetch worker (when placed)."""
         s, store = self.pipeline.stats, self.embeddings.store
         return {
             **s.summary(int(self.embeddings.hot_ids.numel()), self.budget_bytes),
@@ -171,6 +175,7 @@ class HotlineTraining:
             "slow_tier": store.slow_kind,
             "logger_bytes": self.logger.nbytes,
             "sampled_batches": self.logger.sampled_batches,
+            **(self.pipeline.placement.describe() if self.pipeline.placement is not None else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
