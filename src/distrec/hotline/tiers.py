@@ -13,6 +13,9 @@ Every row lives in exactly one tier: a hot row's slow-tier slot is stale and is 
 or updated until the row leaves the hot set, when its fast copy is written back. So
 updates need no coherence copies and moving rows between tiers loses none.
 
+A gather from the disk tier first starts the reads of every page its rows touch, together
+(``readahead.py``), instead of faulting them in one at a time.
+
 A stored row is ``width`` float32: the ``dim`` embedding weights first, then the
 optimizer's per-row state, so both move between tiers together.
 """
@@ -122,10 +125,10 @@ class TwoTierStore:
             slow = "disk" if self.device.type == "cpu" else "host"
         self.slow_kind = slow
         self.slow_directory = Path(directory or tempfile.gettempdir()) if slow == "disk" else None
-        self._readahead: RowReadahead | None = None
+        self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
         if self.slow_directory is not None:
             self.slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
-            self._readahead = RowReadahead(self.slow)
+            self.readahead = RowReadahead(self.slow)
         else:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -185,7 +188,7 @@ class TwoTierStore:
             rule(self.fast, _row_gradient(slots.to(self.device), slot_grads, (self.fast.shape[0], dim)))
         if cold_ids.numel():
             ids, entry_row = torch.unique(cold_ids.cpu(), return_inverse=True)
-            rows = self._read_slow(ids, self.width)
+            rows = self._read_slow(ids, self.width, ahead=False)  # gathered for the step's forward: in the page cache
             rule(rows, _row_gradient(entry_row, cold_grads.to(rows.device), (ids.numel(), dim)))
             self.slow[ids] = rows
 
@@ -246,13 +249,13 @@ class TwoTierStore:
                 yield start, end
                 bar.update(end - start)
 
-    def _read_slow(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+    def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True) -> torch.Tensor:
         """The first ``width`` floats of slow-tier rows ``ids``, in pinned memory when the
-        fast tier is on CUDA (so the copy to the device can run asynchronously). The disk
-        tier's reads of all the rows are started together first (``readahead.py``)."""
+        fast tier is on CUDA (so the copy to the device can run asynchronously). With
+        ``ahead``, the disk tier's reads of all the rows are started together first."""
         ids = ids.cpu()
-        if self._readahead is not None:
-            self._readahead(ids)
+        if ahead and self.readahead is not None:
+            self.readahead(ids)
         out = torch.empty((ids.numel(), width), pin_memory=self.device.type == "cuda")
         return torch.index_select(self.slow[:, :width], 0, ids, out=out)
 
@@ -262,9 +265,9 @@ class TwoTierStore:
         self.hot_ids = self.hot_ids.new_empty(0)
         self.slow = torch.empty((0, self.width))
         self._slot_of = torch.empty(0, dtype=torch.int32)
-        if self._readahead is not None:
-            self._readahead.close()
-            self._readahead = None
+        if self.readahead is not None:
+            self.readahead.close()
+            self.readahead = None
 
     def __enter__(self) -> TwoTierStore:
         return self
