@@ -151,13 +151,8 @@ def sample_of_lookups(batch: Batch) -> torch.Tensor:
     return torch.repeat_interleave(sample_of, bag_lengths, output_size=batch.sparse_values.numel())
 
 
-def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, Batch]:
-    """(popular samples, the other samples) of ``batch``, each keeping the original order."""
-    return batch.select(torch.nonzero(popular).view(-1)), batch.select(torch.nonzero(~popular).view(-1))
-
-
-def split_popular(batch: Batch, popular: torch.Tensor, slots: torch.Tensor) -> tuple[Batch, torch.Tensor, Batch]:
-    """(popular samples, the fast-tier slot of each of their indices, the other samples) of
-    ``batch``, each keeping the original order; ``slots``: int64 [nnz], per index of ``batch``."""
+def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, torch.Tensor, Batch]:
+    """(popular samples, the position in ``batch.sparse_values`` of each of their indices, the
+    other samples) of ``batch``, each keeping the original order; ``popular``: bool [B]."""
     hot_batch, positions = batch.select_with_positions(torch.nonzero(popular).view(-1))
-    return hot_batch, slots[positions], batch.select(torch.nonzero(~popular).view(-1))
+    return hot_batch, positions, batch.select(torch.nonzero(~popular).view(-1))

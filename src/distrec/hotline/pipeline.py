@@ -31,7 +31,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.embedding import EmbeddingLookup, HotlineEmbeddingBagCollection
-from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_popular
+from distrec.hotline.hot_set import HotSet, is_popular, select_hot_set, split_batch
 from distrec.hotline.placement import ThreadPlacement
 
 WORKER_NAME = "hotline-prefetch"
@@ -152,7 +152,8 @@ class HotlinePipeline:
         elif num_popular == 0:
             popular, popular_slots, other = None, None, batch
         else:
-            popular, popular_slots, other = split_popular(batch, mask, slots)
+            popular, positions, other = split_batch(batch, mask)
+            popular_slots = slots[positions]
         prefetch: Future[EmbeddingLookup] | None = None
         try:
             if other is not None and popular is not None:
