@@ -111,3 +111,26 @@ def _wrong_world(rank: int, world: int) -> str:
 def test_plan_for_another_world_size_is_a_clear_error():
     messages = run_distributed(_wrong_world, 2)
     assert all("plan is for 3 ranks but 2 are running" in m for m in messages)
+
+
+def _replica_grads_when_one_rank_has_none(rank: int, world: int) -> list[torch.Tensor]:
+    module = ShardedEmbeddingBagCollection.from_full_weights(TABLES, _plan("data_parallel", world), _full_weights())
+    batch = _global_batch(4, seed=rank)
+    module(batch).sum().backward()
+    if rank == 1:
+        module.replicas[2].grad = None  # e.g. a table this rank's micro-batch never touched
+    module.sync_replica_grads()
+    return [(p.grad.to_dense() if p.grad is not None else None) for p in module.replicas]
+
+
+def test_replicated_gradients_average_over_ranks_even_where_one_rank_has_none():
+    """All tables' entries travel in one exchange; a rank without a gradient contributes zeros, not a hang."""
+    got = run_distributed(_replica_grads_when_one_rank_has_none, 2)
+    for rank in range(2):
+        for t, table in enumerate(TABLES):
+            grads = []
+            for source in range(2):
+                lookups = _global_batch(4, seed=source)
+                counts = torch.bincount(lookups.feature_values(t), minlength=table.num_rows).float()
+                grads.append(counts[:, None].expand(-1, table.dim) if not (source == 1 and t == 2) else torch.zeros(table.num_rows, table.dim))
+            torch.testing.assert_close(got[rank][t], (grads[0] + grads[1]) / 2)
