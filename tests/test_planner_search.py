@@ -149,15 +149,15 @@ def test_tight_memory_is_packed_largest_first_when_the_cost_order_fits_nowhere(m
 
 def test_neuroshard_is_never_predicted_worse_than_a_greedy_heuristic(models):
     """The search scores the heuristics' placements of the whole tables too, so by its cost
-    models alone (no trend blending) no greedy heuristic's plan beats NeuroShard's."""
+    models alone (no linear model blended in) no greedy heuristic's plan beats NeuroShard's."""
     pool = make_table_pool(seed=0)
-    model_only = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, trend_weight=0.0)
+    model_only = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, linear_weight=0.0)
     for task in generate_tasks(pool, 3, 4, max_dim=16, seed=5):
         ours = plan_tables(task.tables, 4, task.memory_per_device, models, options=model_only)[1]["predicted_max_ms"]
         for algorithm in ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"):
             theirs = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm)[1]["predicted_max_ms"]
             assert ours <= theirs * (1 + 1e-9), algorithm
-    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, trend_weight=0.0, heuristic_placements=False)
+    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, linear_weight=0.0, heuristic_placements=False)
     assert NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=without).run().max_cost >= ours - 1e-9
 
 
@@ -176,19 +176,22 @@ def test_a_column_split_is_never_predicted_cheaper_than_the_whole_table():
     assert any(raw)  # the raw model does predict some splits cheaper: the floor matters
 
 
-def test_device_compute_is_blended_with_the_lookup_float_trend(task, models):
-    """Weight 0 is the cost model alone, weight 1 the trend: device offset + slope x lookup
-    floats + a cost per chunk, so a column split costs one more chunk; the fit is >= 0."""
-    predictor = models.predictor(4)
-    blend = {w: NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=SearchOptions(trend_weight=w)) for w in (0.0, 0.5, 1.0)}
-    slope, per_chunk = blend[1.0]._trend
-    assert slope >= 0 and per_chunk >= 0 and (slope, per_chunk) == blend[0.0]._trend
-    offset = blend[1.0]._offset
-    for model_ms, floats, chunks in [(12.0, 300.0, 3), (40.0, 2000.0, 10)]:
-        trend = offset + slope * floats + per_chunk * chunks
-        assert blend[0.0]._blended(model_ms, floats, chunks) == model_ms
-        assert blend[1.0]._blended(model_ms, floats, chunks) == pytest.approx(trend)
-        assert blend[0.5]._blended(model_ms, floats, chunks) == pytest.approx((model_ms + trend) / 2)
-        assert blend[1.0]._blended(model_ms, floats, chunks + 1) - blend[1.0]._blended(model_ms, floats, chunks) == pytest.approx(per_chunk)
-    with pytest.raises(DistrecError, match="trend weight"):
-        SearchOptions(trend_weight=1.5)
+def test_device_compute_blends_the_ensemble_with_the_linear_model(task):
+    """Weight 0 (or models without a linear model) is the ensemble alone, weight 1 the linear
+    model; a column split costs the linear model the indices of its second shard."""
+    models = untrained_cost_models(4)
+    models.linear = np.array([0.01, 0.1, 0.5, -1.0])
+    search = {w: NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions(linear_weight=w)) for w in (0.0, 0.5, 1.0)}
+    for model_ms, floats, indices, chunks in [(12.0, 300.0, 30.0, 3), (40.0, 2000.0, 150.0, 10)]:
+        linear = 0.01 * floats + 0.1 * indices + 0.5 * chunks - 1.0
+        assert search[0.0]._blended(model_ms, floats, indices, chunks) == model_ms
+        assert search[1.0]._blended(model_ms, floats, indices, chunks) == pytest.approx(linear)
+        assert search[0.5]._blended(model_ms, floats, indices, chunks) == pytest.approx((model_ms + linear) / 2)
+    assert search[1.0]._blended(5.0, 0.0, 0.0, 1) == 0.0  # never below zero
+    table = task.tables[0]
+    whole, half = search[1.0]._chunk(0, table.dim), search[1.0]._chunk(0, table.dim // 2)
+    assert 2 * half.floats == pytest.approx(whole.floats) and 2 * half.indices == pytest.approx(2 * whole.indices)
+    without = NeuroShardSearch(task.tables, 4, task.memory_per_device, untrained_cost_models(4).predictor(4), options=SearchOptions(linear_weight=1.0))
+    assert without._blended(12.0, 300.0, 30.0, 3) == 12.0
+    with pytest.raises(DistrecError, match="linear weight"):
+        SearchOptions(linear_weight=1.5)

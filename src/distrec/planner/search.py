@@ -13,9 +13,8 @@ search (width K, L steps) halves the columns of one of the N largest or N most e
 chunks per step, keeping dimensions divisible by 4. Device compute costs are cached by the
 set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
 
-A device's compute in the search is the cost model's prediction blended with its linear
-trend in lookup floats and chunks (``SearchOptions.trend_weight``), so that the search does
-not pick plans for the cost model's per-table errors (``NeuroShardSearch._fit_trend``).
+A device's compute in the search is the ensemble's prediction blended with the linear
+computation model's (``SearchOptions.linear_weight``, see ``NeuroShardSearch._blended``).
 """
 
 from __future__ import annotations
@@ -53,9 +52,9 @@ class SearchOptions:
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
         heuristic_placements: also score the greedy heuristics' placements of every chunk set.
-        trend_weight: how far a device's predicted compute is shrunk toward the linear trend
-            of the learned per-table costs in lookup floats (0 = the cost model alone; see
-            ``NeuroShardSearch._fit_trend``).
+        linear_weight: the weight of the linear computation model in a device's predicted
+            compute, the ensemble's taking the rest (0 = the ensemble alone; models trained
+            without a linear model are always the ensemble alone).
     """
 
     beam_width: int = 3
@@ -66,16 +65,16 @@ class SearchOptions:
     grid_search: bool = True
     use_cache: bool = True
     heuristic_placements: bool = True
-    trend_weight: float = 0.5
+    linear_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if (
             min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1
-            or not 0 <= self.trend_weight <= 1
+            or not 0 <= self.linear_weight <= 1
         ):
             raise DistrecError(
                 f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, "
-                "steps >= 0, the grid maximum >= 1 and the trend weight in [0, 1]"
+                "steps >= 0, the grid maximum >= 1 and the linear weight in [0, 1]"
             )
 
     @classmethod
@@ -173,6 +172,7 @@ class _ChunkInfo:
     code: int  # random 64-bit code; a device's chunk multiset hashes to the sum of its codes
     proxies: tuple[float, ...]  # the greedy heuristics' costs of the chunk (``GREEDY_COSTS`` order)
     floats: float  # floats looked up per sample: dim x pooling factor
+    indices: float  # indices looked up per sample: the pooling factor
 
 
 _HASH_MASK = 2**64 - 1
@@ -202,8 +202,6 @@ class NeuroShardSearch:
         self._codes = np.random.default_rng(0)
         self._cache: dict[int, float] = {}
         self.cache_lookups = self.cache_hits = 0
-        self._offset = float(predictor.device_compute(np.zeros_like(self._chunk(0, tables[0].dim).embedding))[0])
-        self._trend = self._fit_trend()
 
     # -- cost model access -------------------------------------------------------------
 
@@ -226,38 +224,24 @@ class NeuroShardSearch:
                 emb = np.maximum(emb, self._chunk(table, whole).embedding * (dim / whole))
             cost = float(self.predictor.device_compute(emb)[0])
             proxies = tuple(proxy(chunk) for proxy in GREEDY_COSTS.values())
-            self._chunks[key] = _ChunkInfo(emb, cost, int(self._codes.integers(2**63)) * 2 + 1, proxies, dim * chunk.pooling_factor)
+            code = int(self._codes.integers(2**63)) * 2 + 1
+            self._chunks[key] = _ChunkInfo(emb, cost, code, proxies, dim * chunk.pooling_factor, chunk.pooling_factor)
         return self._chunks[key]
 
-    def _fit_trend(self) -> tuple[float, float]:
-        """(ms per lookup float, ms per chunk): least squares of the whole tables' learned
-        costs (each alone, less the device offset) on their lookup floats, both >= 0.
+    def _blended(self, model_ms: float, floats: float, indices: float, chunks: int) -> float:
+        """A device's compute (ms) in the search: the ensemble's, blended with the linear model's.
 
-        A plan the search picks is one whose devices the cost model rates cheapest, so it
-        gathers the tables whose learned costs err low: executed (the sharding benchmark,
-        max dim 16, seed 0, 5 tasks per device count), NeuroShard's slowest
-        device took 1.02-1.14x its predicted compute where lookup-greedy's took 0.85-0.92x.
-        The trend keeps only what the model says about lookup floats and the per-chunk
-        overhead, not its per-table deviations, and blending the two
-        (``SearchOptions.trend_weight``) halves what the search can exploit. The per-chunk
-        term also charges a column split the per-index work its second shard repeats.
+        The search picks the plans whose devices the models rate cheapest, so it gathers
+        the tables whose learned costs err low: executed (the sharding benchmark, max dim 16,
+        seed 0, 5 tasks per device count), NeuroShard's slowest device took 1.02-1.14x the
+        ensemble's predicted compute where lookup-greedy's took 0.85-0.92x. The linear model
+        has only a cost per lookup float, index and chunk, so it has no per-table errors to
+        exploit, and it charges a column split the indices its second shard looks up again.
         """
-        whole = [self._chunk(i, t.dim) for i, t in enumerate(self.tables)]
-        floats = np.array([x.floats for x in whole])
-        costs = np.array([x.cost - self._offset for x in whole])
-        if len(whole) > 1 and np.ptp(floats) > 0:
-            slope, per_chunk = np.polyfit(floats, costs, 1)
-            if per_chunk >= 0 and slope >= 0:
-                return float(slope), float(per_chunk)
-        if floats @ floats > 0 and costs @ floats > 0:  # through the origin
-            return float(costs @ floats / (floats @ floats)), 0.0
-        return 0.0, max(float(costs.mean()), 0.0)
-
-    def _blended(self, model_ms: float, floats: float, chunks: int) -> float:
-        """A device's compute (ms): the cost model's, shrunk toward the trend (see ``_fit_trend``)."""
-        w = self.options.trend_weight
-        slope, per_chunk = self._trend
-        return (1 - w) * model_ms + w * (self._offset + slope * floats + per_chunk * chunks)
+        w = self.options.linear_weight
+        if w == 0 or self.predictor.linear is None:
+            return model_ms
+        return (1 - w) * model_ms + w * self.predictor.linear_compute(floats, indices, chunks)
 
     def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
         """Predicted compute cost (ms) of a device, cached by the hash of its chunk multiset.
@@ -320,15 +304,17 @@ class NeuroShardSearch:
         hashes = [0] * self.num_devices
         proxy = [0.0] * self.num_devices
         floats = [0.0] * self.num_devices
+        indices = [0.0] * self.num_devices
         counts = [0] * self.num_devices
 
         def device_cost(device: int) -> float:
-            return self._blended(self._device_compute(hashes[device], summed[device]), floats[device], counts[device])
+            return self._blended(self._device_compute(hashes[device], summed[device]), floats[device], indices[device], counts[device])
 
         def add_item(device: int, item: int) -> float:
             summed[device] += info[item].embedding
             hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
             floats[device] += info[item].floats
+            indices[device] += info[item].indices
             counts[device] += 1
             if proxy_loads is None:
                 return device_cost(device)
