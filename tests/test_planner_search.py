@@ -103,7 +103,7 @@ def test_cache_hits_on_repeated_evaluations_and_can_be_switched_off(task, models
     assert cached.max_cost == pytest.approx(uncached.max_cost)
 
 
-@pytest.mark.parametrize("variant", ["no-beam", "no-grid"])
+@pytest.mark.parametrize("variant", ["no-beam", "no-grid", "no-linear"])
 def test_ablations_give_valid_placements(task, models, variant):
     ablated = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions.ablation(variant)).run()
     used = [0] * 4

@@ -79,11 +79,13 @@ class SearchOptions:
 
     @classmethod
     def ablation(cls, name: str) -> SearchOptions:
-        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
+        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid``, ``no-linear``
+        (the ensemble alone) or ``no-cache``."""
         variants = {
             "full": cls(),
             "no-beam": cls(beam_width=1),
             "no-grid": cls(grid_search=False),
+            "no-linear": cls(linear_weight=0.0),
             "no-cache": cls(use_cache=False),
         }
         if name not in variants:
