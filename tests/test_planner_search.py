@@ -195,3 +195,25 @@ def test_device_compute_blends_the_ensemble_with_the_linear_model(task):
     assert without._blended(12.0, 300.0, 30.0, 3) == 12.0
     with pytest.raises(DistrecError, match="linear weight"):
         SearchOptions(linear_weight=1.5)
+
+
+def test_the_plan_found_replaces_the_heuristic_one_only_if_both_models_agree():
+    """With a blend, NeuroShard's plan is the best heuristic placement of the whole tables,
+    or one that the ensemble and the linear model each predict no dearer than it."""
+    models = untrained_cost_models(4, seed=3)
+    models.linear = np.array([0.01, 0.1, 0.5, 1.0])
+    pool = make_table_pool(seed=0)
+    kept = replaced = 0
+    for task in generate_tasks(pool, 6, 4, max_dim=16, seed=7):
+        search = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SHORT)
+        result = search.run()
+        root = search._mandatory_splits()
+        info = [search._chunk(c.table, c.dim) for c in root]
+        incumbent = search._heuristic_placement(root, info, [search.tables[c.table].num_rows * c.dim * 4 for c in root])
+        if tuple(result.chunks) == root and result.device_of == incumbent.device_of:
+            kept += 1
+            continue
+        replaced += 1
+        ours, theirs = search._each_model_cost(tuple(result.chunks), result.device_of), search._each_model_cost(root, incumbent.device_of)
+        assert ours[0] <= theirs[0] and ours[1] <= theirs[1]
+    assert kept + replaced == 6

@@ -14,7 +14,9 @@ chunks per step, keeping dimensions divisible by 4. Device compute costs are cac
 set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
 
 A device's compute in the search is the ensemble's prediction blended with the linear
-computation model's (``SearchOptions.linear_weight``, see ``NeuroShardSearch._blended``).
+computation model's (``SearchOptions.linear_weight``, see ``NeuroShardSearch._blended``),
+and the plan found replaces the best heuristic placement only if both models predict it
+no dearer (``SearchOptions.agreement``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class SearchOptions:
         linear_weight: the weight of the linear computation model in a device's predicted
             compute, the ensemble's taking the rest (0 = the ensemble alone; models trained
             without a linear model are always the ensemble alone).
+        agreement: with a blend, keep the best heuristic placement of the whole tables
+            unless both models predict the plan found no dearer (``NeuroShardSearch._agreed``).
     """
 
     beam_width: int = 3
@@ -66,6 +70,7 @@ class SearchOptions:
     use_cache: bool = True
     heuristic_placements: bool = True
     linear_weight: float = 0.5
+    agreement: bool = True
 
     def __post_init__(self) -> None:
         if (
@@ -282,15 +287,55 @@ class NeuroShardSearch:
             if ev.cost < best.cost:
                 best = ev
         if opts.heuristic_placements:
-            for p in range(len(GREEDY_COSTS)):
-                loads = [x.proxies[p] for x in info]
-                ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
-                if ev.cost < best.cost:
-                    best = ev
+            heuristic = self._heuristic_placement(state, info, sizes)
+            if heuristic.cost < best.cost:
+                best = heuristic
         if best.device_of is None:
             by_size = sorted(range(len(state)), key=lambda i: (-sizes[i], -info[i].cost, i))
             best = self._place(state, info, sizes, by_size, math.inf)
         return best
+
+    def _heuristic_placement(self, state: State, info: list[_ChunkInfo], sizes: list[int]) -> _Evaluation:
+        """The best, by the search's cost, of the greedy heuristics' placements of ``state``."""
+        best = _Evaluation(math.inf)
+        for p in range(len(GREEDY_COSTS)):
+            loads = [x.proxies[p] for x in info]
+            ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
+            if ev.cost < best.cost:
+                best = ev
+        return best
+
+    def _each_model_cost(self, state: State, device_of: list[int]) -> tuple[float, float]:
+        """The plan's predicted cost (ms, max over devices) by the ensemble and by the linear model."""
+        info = [self._chunk(c.table, c.dim) for c in state]
+        summed = np.zeros((self.num_devices, info[0].embedding.size))
+        features = np.zeros((self.num_devices, 3))
+        dim_sums = np.zeros(self.num_devices)
+        for x, c, r in zip(info, state, device_of):
+            summed[r] += x.embedding
+            features[r] += (x.floats, x.indices, 1)
+            dim_sums[r] += c.dim
+        used = features[:, 2] > 0
+        ensemble = np.where(used, self.predictor.device_compute(summed), 0.0)
+        linear = np.array([self.predictor.linear_compute(*f) if u else 0.0 for f, u in zip(features, used)])
+        return tuple(float(self.predictor.plan_costs(c, dim_sums)["total"].max()) for c in (ensemble, linear))
+
+    def _agreed(self, state: State, best: _Evaluation, root: State) -> tuple[State, _Evaluation]:
+        """``(state, best)`` if both models predict it no dearer than the best heuristic
+        placement of the ``root`` chunks, else that placement.
+
+        The search minimises the blend of the two models, and the plan it finds is often
+        cheaper by the blend than by either model alone: it puts together tables the two
+        disagree on. A gain over the heuristics' plan that only one model sees is more
+        likely an error of that model than a real gain.
+        """
+        info = [self._chunk(c.table, c.dim) for c in root]
+        sizes = [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in root]
+        incumbent = self._heuristic_placement(root, info, sizes)
+        if incumbent.device_of is None or (state == root and best.device_of == incumbent.device_of):
+            return state, best
+        ours, theirs = self._each_model_cost(state, best.device_of), self._each_model_cost(root, incumbent.device_of)
+        return (state, best) if all(a <= b for a, b in zip(ours, theirs)) else (root, incumbent)
 
     def _place(
         self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
@@ -378,6 +423,9 @@ class NeuroShardSearch:
             if not children:
                 break
             beam = sorted(children, key=lambda x: x[0])[: self.options.beam_width]
+        blended = 0 < self.options.linear_weight < 1 and self.predictor.linear is not None
+        if best.device_of is not None and blended and self.options.agreement and self.options.heuristic_placements:
+            best_state, best = self._agreed(best_state, best, root)
         if best.device_of is None:
             raise DistrecError(
                 f"no placement of the tables fits {self.num_devices} devices of {self.memory / 2**20:.1f} MiB; "
