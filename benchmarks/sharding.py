@@ -8,23 +8,28 @@ every task; a plan that does not fit the memory is a failure. Each plan is then 
 every rank, and the real forward/backward all-to-alls of the pooled outputs across D gloo
 processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls.
 On the CPU (2 cores shared by D processes and by other users) a device's compute is the
-minimum over rounds of its thread CPU time, each rank alone in turn, the plans of a task
-taking turns within a round; and the timed steps of all plans of a setting take turns (one
-step of every plan per round; the median over rounds), so load from other jobs falls on
-every algorithm alike (see ``distrec.planner.execute``). Variants that produce the same plan of a task are executed
+minimum over 8 rounds of its thread CPU time, each rank alone in turn, the plans of a task
+taking turns within a round (with 3 rounds the same plans' costs moved between runs by
+7-11 ms on average, almost all of it compute; with 8 by 2-3 ms); and the timed steps of
+all plans of a setting take turns (one step of every plan per round; the median over
+rounds), so load from other jobs falls on every algorithm alike (see
+``distrec.planner.execute``). Variants that produce the same plan of a task are executed
 once and share its cost.
 
-Printed per setting: each algorithm's mean cost over the tasks it solved and its success
+The results JSON also holds, per setting, every executed plan's per-device executed and
+predicted parts (compute, forward all-to-all with its wait for late ranks, backward
+all-to-all). Printed per setting: each algorithm's mean cost over the tasks it solved and its success
 rate; NeuroShard's mean cost over the tasks both solved divided by each baseline's
 (``ratio``, below 1 means NeuroShard is faster; ``best_baseline`` is the baseline with the
 highest ratio, ``best_baseline_ms`` and ``neuroshard_ms_same_tasks`` its and NeuroShard's
 means on their shared tasks); the cost the cost models predicted for NeuroShard's plans
 against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
-beam search, no grid search, no cache: executed cost and search time).
+beam search, no grid search, no linear computation model blended in, no cache: executed
+cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
-first (resumable). ``--quick`` runs 2 max dims x 5 tasks per device count, 7 timed steps
-per plan, and the no-cache ablation (which changes the search time, never the plan) on the
+first (resumable). ``--quick`` runs 2 max dims x 5 tasks (or ``--tasks``) per device count
+and the no-cache ablation (which changes the search time, never the plan) on the
 first 2 tasks of a setting; its column is the search-time ratio on those tasks.
 
 Usage:
@@ -54,18 +59,18 @@ from distrec.planner.search import SearchOptions
 from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
 
-ABLATIONS = ("no-beam", "no-grid", "no-cache")
+ABLATIONS = ("no-beam", "no-grid", "no-linear", "no-cache")
 VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="5 tasks, max dims 16 and 128, 7 steps, fewer cost samples")
-    p.add_argument("--tasks", type=int, default=100, help="tasks per setting")
+    p.add_argument("--quick", action="store_true", help="5 tasks, max dims 16 and 128, fewer cost samples")
+    p.add_argument("--tasks", type=int, default=None, help="tasks per setting (default 100, with --quick 5)")
     p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     p.add_argument("--max-dims", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--repeats", type=int, default=3, help="timed compute rounds, each running every plan of a task once per device (after one warm-up round)")
+    p.add_argument("--repeats", type=int, default=8, help="timed compute rounds, each running every plan of a task once per device (after one warm-up round)")
     p.add_argument("--steps", type=int, default=9, help="timed training steps per plan, whose median is its cost (after one warm-up step)")
     p.add_argument("--cost-models", type=Path, help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent")
     p.add_argument("--compute-samples", type=int, default=2000)
@@ -75,8 +80,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cache-ablation-tasks", type=int, default=None, help="plan the no-cache ablation (search time only) for the first N tasks of a setting (default all)")
     args = p.parse_args()
     if args.quick:
-        args.tasks, args.max_dims, args.compute_samples, args.comm_samples, args.steps = 5, [16, 128], 600, 200, 7
+        args.max_dims, args.compute_samples, args.comm_samples = [16, 128], 600, 200
+        args.tasks = 5 if args.tasks is None else args.tasks
         args.cache_ablation_tasks = 2 if args.cache_ablation_tasks is None else args.cache_ablation_tasks
+    args.tasks = 100 if args.tasks is None else args.tasks
     if args.cache_ablation_tasks is None:
         args.cache_ablation_tasks = args.tasks
     return args
@@ -164,8 +171,26 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
         "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard"),
         "algorithms": algorithms,
+        "plans": plan_details(jobs, job_of, costs, planned),
     }
     return summary, pairs
+
+
+def plan_details(jobs: list, job_of: dict[tuple[int, str], int], costs: list[dict], planned: list[dict]) -> list[dict]:
+    """Every executed plan: its task, the variants that produced it, and per device its
+    executed and predicted ms by part (compute, forward and backward all-to-all, total)."""
+    variants: list[list[tuple[int, str]]] = [[] for _ in jobs]
+    for key, job in job_of.items():
+        variants[job].append(key)
+    return [
+        {
+            "task": keys[0][0],
+            "variants": [v for _, v in keys],
+            "executed_ms": costs[job],
+            "predicted_ms": planned[keys[0][0]][keys[0][1]]["report"].get("predicted_ms"),
+        }
+        for job, keys in enumerate(variants)
+    ]
 
 
 def search_time_ratio(planned: list[dict], slow: str, fast: str) -> float | None:
@@ -188,7 +213,7 @@ def markdown_table(settings: list[dict]) -> str:
         "max dim",
         *VARIANTS[: 1 + len(HEURISTICS)],
         "NeuroShard / strongest baseline (shared tasks)",
-        "ablations ms (no beam / no grid)",
+        "ablations ms (no beam / no grid / no linear)",
         "search s (full / no beam / no grid)",
         "no cache: search time x",
     ]
@@ -197,7 +222,7 @@ def markdown_table(settings: list[dict]) -> str:
         a = s["algorithms"]
         cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
-        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
+        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid", "no-linear"))
         search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
         lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"
