@@ -53,19 +53,22 @@ class RowReadahead:
         first = np.unique(start - start % PAGE)
         last = np.unique((start + self.row_bytes - 1) // PAGE * PAGE)
         pages = np.union1d(first, last)  # a row may straddle two pages
+        if self._pidfd >= 0 and self._advise_in_batches(pages):
+            return
+        for page in pages.tolist():
+            self._libc.madvise(page, PAGE, MADV_WILLNEED)
+
+    def _advise_in_batches(self, pages: np.ndarray) -> bool:
+        """``process_madvise`` on ``pages`` (addresses), ``IOV_MAX`` at a time; False, and
+        never tried again, when the call is unavailable."""
         iovecs = np.empty((pages.size, 2), dtype=np.uint64)
         iovecs[:, 0] = pages
         iovecs[:, 1] = PAGE
-        if self._pidfd >= 0:
-            for chunk in range(0, pages.size, IOV_MAX):
-                if not self._process_madvise(np.ascontiguousarray(iovecs[chunk : chunk + IOV_MAX])):
-                    os.close(self._pidfd)
-                    self._pidfd = -1
-                    break
-            else:
-                return
-        for page in pages.tolist():
-            self._libc.madvise(page, PAGE, MADV_WILLNEED)
+        for chunk in range(0, pages.size, IOV_MAX):
+            if not self._process_madvise(np.ascontiguousarray(iovecs[chunk : chunk + IOV_MAX])):
+                self.close()
+                return False
+        return True
 
     def _process_madvise(self, iovecs: np.ndarray) -> bool:
         """One process_madvise call on this process; False when the call is unavailable."""
