@@ -120,8 +120,9 @@ def test_split_then_merge_recovers_the_batch():
     hot_ids = torch.tensor([0, 1, 2, 3, 10, 11])
     mask = is_popular(batch, find_sorted(hot_ids, SPACE.batch_ids(batch))[0])
     assert 0 < int(mask.sum()) < b
-    popular, positions, rest = split_batch(batch, mask)
+    popular, positions, rest, rest_positions = split_batch(batch, mask)
     assert torch.equal(batch.sparse_values[positions], popular.sparse_values)
+    assert torch.equal(batch.sparse_values[rest_positions], rest.sparse_values)
     assert popular.batch_size + rest.batch_size == b
     assert all(i in (0, 1, 2, 3) for i in popular.feature_values(0).tolist())
     assert all(i in (0, 1) for i in popular.feature_values(1).tolist())

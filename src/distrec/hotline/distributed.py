@@ -115,7 +115,7 @@ class DistributedHotlineTraining:
         if num_popular == 0:
             popular, other = None, batch
         else:
-            popular, _, other = split_batch(batch, popular_mask)
+            popular, _, other, _ = split_batch(batch, popular_mask)
         normalizer = normalizer or size
         try:
             loss = torch.zeros((), device=batch.labels.device)

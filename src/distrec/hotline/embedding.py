@@ -154,10 +154,11 @@ class HotlineEmbeddingBagCollection(nn.Module):
         """Move rows between tiers so that exactly the rows of ``hot`` are in the fast tier."""
         self.store.set_hot(hot.global_ids(self.space))
 
-    def lookup(self, batch: Batch) -> EmbeddingLookup:
+    def lookup(self, batch: Batch, global_ids: torch.Tensor | None = None) -> EmbeddingLookup:
         """Gather the distinct rows ``batch`` needs from both tiers (may run in a worker thread
-        while no step runs)."""
-        global_ids = self.space.batch_ids(batch)  # checks every index against its own table
+        while no step runs); ``global_ids``: ``space.batch_ids(batch)``, if already known."""
+        if global_ids is None:
+            global_ids = self.space.batch_ids(batch)  # checks every index against its own table
         if self.space.total_rows <= INT32_MAX:  # 32-bit keys sort about twice as fast
             global_ids = global_ids.to(torch.int32)
         ids, inverse = torch.unique(global_ids, return_inverse=True)

@@ -151,8 +151,10 @@ def sample_of_lookups(batch: Batch) -> torch.Tensor:
     return torch.repeat_interleave(sample_of, bag_lengths, output_size=batch.sparse_values.numel())
 
 
-def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, torch.Tensor, Batch]:
+def split_batch(batch: Batch, popular: torch.Tensor) -> tuple[Batch, torch.Tensor, Batch, torch.Tensor]:
     """(popular samples, the position in ``batch.sparse_values`` of each of their indices, the
-    other samples) of ``batch``, each keeping the original order; ``popular``: bool [B]."""
-    hot_batch, positions = batch.select_with_positions(torch.nonzero(popular).view(-1))
-    return hot_batch, positions, batch.select(torch.nonzero(~popular).view(-1))
+    other samples, the positions of theirs) of ``batch``, each keeping the original order;
+    ``popular``: bool [B]."""
+    hot_batch, hot_positions = batch.select_with_positions(torch.nonzero(popular).view(-1))
+    other_batch, other_positions = batch.select_with_positions(torch.nonzero(~popular).view(-1))
+    return hot_batch, hot_positions, other_batch, other_positions

@@ -148,23 +148,23 @@ class HotlinePipeline:
         mask = is_popular(batch, hot)
         num_popular = int(mask.sum())
         if num_popular == size:
-            popular, popular_slots, other = batch, slots, None
+            popular, popular_slots, other, other_ids = batch, slots, None, None
         elif num_popular == 0:
-            popular, popular_slots, other = None, None, batch
+            popular, popular_slots, other, other_ids = None, None, batch, ids
         else:
-            popular, positions, other = split_batch(batch, mask)
-            popular_slots = slots[positions]
+            popular, positions, other, other_positions = split_batch(batch, mask)
+            popular_slots, other_ids = slots[positions], ids[other_positions]
         prefetch: Future[EmbeddingLookup] | None = None
         try:
             if other is not None and popular is not None:
-                prefetch = self._worker.submit(self.embeddings.lookup, other)
+                prefetch = self._worker.submit(self.embeddings.lookup, other, other_ids)
             loss = torch.zeros((), device=batch.labels.device)
             if popular is not None:
                 with self.embeddings.prefetched(self.embeddings.hot_lookup(popular, popular_slots)):
                     loss += backward(popular, normalizer or size)
             if other is not None:
                 waited = time.perf_counter()
-                lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other)
+                lookup = prefetch.result() if prefetch is not None else self.embeddings.lookup(other, other_ids)
                 self.stats.prefetch_wait_seconds += time.perf_counter() - waited
                 with self.embeddings.prefetched(lookup):
                     loss += backward(other, normalizer or size)
