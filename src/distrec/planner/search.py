@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distrec.errors import DistrecError
-from distrec.planner.cost_models import CostPredictor
+from distrec.planner.cost_models import CostPredictor, linear_features
 from distrec.planner.heuristics import GREEDY_COSTS
 from distrec.planner.placement import greedy_place
 from distrec.planner.types import BYTES_PER_FLOAT, Chunk, PlanConstraints, TableSpec, can_halve
@@ -232,7 +232,8 @@ class NeuroShardSearch:
             cost = float(self.predictor.device_compute(emb)[0])
             proxies = tuple(proxy(chunk) for proxy in GREEDY_COSTS.values())
             code = int(self._codes.integers(2**63)) * 2 + 1
-            self._chunks[key] = _ChunkInfo(emb, cost, code, proxies, dim * chunk.pooling_factor, chunk.pooling_factor)
+            floats, indices, _ = linear_features([chunk])
+            self._chunks[key] = _ChunkInfo(emb, cost, code, proxies, floats, indices)
         return self._chunks[key]
 
     def _blended(self, model_ms: float, floats: float, indices: float, chunks: int) -> float:
