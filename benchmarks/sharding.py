@@ -24,7 +24,7 @@ rate; NeuroShard's mean cost over the tasks both solved divided by each baseline
 highest ratio, ``best_baseline_ms`` and ``neuroshard_ms_same_tasks`` its and NeuroShard's
 means on their shared tasks); the cost the cost models predicted for NeuroShard's plans
 against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
-beam search, no grid search, no linear computation model blended in, no cache: executed
+beam search, no grid search, no cache: executed
 cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
@@ -59,7 +59,7 @@ from distrec.planner.search import SearchOptions
 from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
 
-ABLATIONS = ("no-beam", "no-grid", "no-linear", "no-cache")
+ABLATIONS = ("no-beam", "no-grid", "no-cache")
 VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 
@@ -213,7 +213,7 @@ def markdown_table(settings: list[dict]) -> str:
         "max dim",
         *VARIANTS[: 1 + len(HEURISTICS)],
         "NeuroShard / strongest baseline (shared tasks)",
-        "ablations ms (no beam / no grid / no linear)",
+        "ablations ms (no beam / no grid)",
         "search s (full / no beam / no grid)",
         "no cache: search time x",
     ]
@@ -222,7 +222,7 @@ def markdown_table(settings: list[dict]) -> str:
         a = s["algorithms"]
         cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
-        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid", "no-linear"))
+        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
         search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
         lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"

@@ -103,7 +103,7 @@ def test_cache_hits_on_repeated_evaluations_and_can_be_switched_off(task, models
     assert cached.max_cost == pytest.approx(uncached.max_cost)
 
 
-@pytest.mark.parametrize("variant", ["no-beam", "no-grid", "no-linear"])
+@pytest.mark.parametrize("variant", ["no-beam", "no-grid"])
 def test_ablations_give_valid_placements(task, models, variant):
     ablated = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions.ablation(variant)).run()
     used = [0] * 4
@@ -149,15 +149,14 @@ def test_tight_memory_is_packed_largest_first_when_the_cost_order_fits_nowhere(m
 
 def test_neuroshard_is_never_predicted_worse_than_a_greedy_heuristic(models):
     """The search scores the heuristics' placements of the whole tables too, so by its cost
-    models alone (no linear model blended in) no greedy heuristic's plan beats NeuroShard's."""
+    models no greedy heuristic's plan beats NeuroShard's."""
     pool = make_table_pool(seed=0)
-    model_only = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, linear_weight=0.0)
     for task in generate_tasks(pool, 3, 4, max_dim=16, seed=5):
-        ours = plan_tables(task.tables, 4, task.memory_per_device, models, options=model_only)[1]["predicted_max_ms"]
+        ours = plan_tables(task.tables, 4, task.memory_per_device, models, options=SHORT)[1]["predicted_max_ms"]
         for algorithm in ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"):
             theirs = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm)[1]["predicted_max_ms"]
             assert ours <= theirs * (1 + 1e-9), algorithm
-    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, linear_weight=0.0, heuristic_placements=False)
+    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, heuristic_placements=False)
     assert NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=without).run().max_cost >= ours - 1e-9
 
 
@@ -174,46 +173,3 @@ def test_a_column_split_is_never_predicted_cheaper_than_the_whole_table():
         whole = search._chunk(i, 64).cost - offset
         assert 2 * (search._chunk(i, 32).cost - offset) >= whole * (1 - 1e-9) and 4 * (search._chunk(i, 16).cost - offset) >= whole * (1 - 1e-9)
     assert any(raw)  # the raw model does predict some splits cheaper: the floor matters
-
-
-def test_device_compute_blends_the_ensemble_with_the_linear_model(task):
-    """Weight 0 (or models without a linear model) is the ensemble alone, weight 1 the linear
-    model; a column split costs the linear model the indices of its second shard."""
-    models = untrained_cost_models(4)
-    models.linear = np.array([0.01, 0.1, 0.5, -1.0])
-    search = {w: NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions(linear_weight=w)) for w in (0.0, 0.5, 1.0)}
-    for model_ms, floats, indices, chunks in [(12.0, 300.0, 30.0, 3), (40.0, 2000.0, 150.0, 10)]:
-        linear = 0.01 * floats + 0.1 * indices + 0.5 * chunks - 1.0
-        assert search[0.0]._blended(model_ms, floats, indices, chunks) == model_ms
-        assert search[1.0]._blended(model_ms, floats, indices, chunks) == pytest.approx(linear)
-        assert search[0.5]._blended(model_ms, floats, indices, chunks) == pytest.approx((model_ms + linear) / 2)
-    assert search[1.0]._blended(5.0, 0.0, 0.0, 1) == 0.0  # never below zero
-    table = task.tables[0]
-    whole, half = search[1.0]._chunk(0, table.dim), search[1.0]._chunk(0, table.dim // 2)
-    assert 2 * half.floats == pytest.approx(whole.floats) and 2 * half.indices == pytest.approx(2 * whole.indices)
-    without = NeuroShardSearch(task.tables, 4, task.memory_per_device, untrained_cost_models(4).predictor(4), options=SearchOptions(linear_weight=1.0))
-    assert without._blended(12.0, 300.0, 30.0, 3) == 12.0
-    with pytest.raises(DistrecError, match="linear weight"):
-        SearchOptions(linear_weight=1.5)
-
-
-def test_the_plan_found_replaces_the_heuristic_one_only_if_both_models_agree():
-    """With a blend, NeuroShard's plan is the best heuristic placement of the whole tables,
-    or one that the ensemble and the linear model each predict no dearer than it."""
-    models = untrained_cost_models(4, seed=3)
-    models.linear = np.array([0.01, 0.1, 0.5, 1.0])
-    pool = make_table_pool(seed=0)
-    kept = replaced = 0
-    for task in generate_tasks(pool, 6, 4, max_dim=16, seed=7):
-        search = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SHORT)
-        result = search.run()
-        root = search._mandatory_splits()
-        info = [search._chunk(c.table, c.dim) for c in root]
-        incumbent = search._heuristic_placement(root, info, [search.tables[c.table].num_rows * c.dim * 4 for c in root])
-        if tuple(result.chunks) == root and result.device_of == incumbent.device_of:
-            kept += 1
-            continue
-        replaced += 1
-        ours, theirs = search._each_model_cost(tuple(result.chunks), result.device_of), search._each_model_cost(root, incumbent.device_of)
-        assert ours[0] <= theirs[0] and ours[1] <= theirs[1]
-    assert kept + replaced == 6

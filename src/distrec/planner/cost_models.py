@@ -19,13 +19,6 @@
   (``start_wait_ms``, known exactly) plus what the forward model predicts: the learned part
   is the transfer, not a max over inputs that an MLP fits poorly from a few hundred samples.
 
-- Linear computation model: ms = a x lookup floats + b x indices + c x tables + d, over a
-  device's tables (floats and indices per sample: dim x pooling factor and pooling factor),
-  least squares on the training part of the same compute samples. The search blends it
-  with the ensemble (``SearchOptions.linear_weight``): with three terms it has no per-table
-  errors for a search to pick plans for, and its per-index term charges a column split the
-  lookups its second shard repeats, which the ensemble misses.
-
 A plan's cost on device r is compute_r + bw_r + fw_r, where the forward all-to-all of device
 r starts late by (compute_r + bw_r) - min over devices, as in NeuroShard's simulator; the
 plan costs the maximum over devices.
@@ -175,8 +168,6 @@ class CostModels:
         batch_size: samples per batch in the micro-benchmarks.
         hardware: torch version, CPU model, device type and name, world sizes.
         metrics: test MSE (ms^2) of each model.
-        linear: the linear computation model (ms per lookup float, per index, per table,
-            offset), or None for models trained before it existed.
     """
 
     compute: ComputeEnsemble
@@ -184,7 +175,6 @@ class CostModels:
     batch_size: int
     hardware: dict
     metrics: dict = field(default_factory=dict)
-    linear: np.ndarray | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the models atomically with a format stamp and the hardware description."""
@@ -198,7 +188,6 @@ class CostModels:
             "compute_members": len(self.compute.members),
             "compute": self.compute.state_dict(),
             "comm": {str(d): (fw.state_dict(), bw.state_dict()) for d, (fw, bw) in self.comm.items()},
-            "linear_compute": None if self.linear is None else [float(x) for x in self.linear],
         }
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -227,8 +216,7 @@ class CostModels:
             fw.load_state_dict(fw_state)
             bw.load_state_dict(bw_state)
             comm[int(d)] = (fw, bw)
-        linear = None if state.get("linear_compute") is None else np.array(state["linear_compute"], dtype=np.float64)
-        return cls(compute.eval(), comm, int(state["batch_size"]), json.loads(state["hardware"]), json.loads(state["metrics"]), linear)
+        return cls(compute.eval(), comm, int(state["batch_size"]), json.loads(state["hardware"]), json.loads(state["metrics"]))
 
     def predictor(self, num_devices: int) -> CostPredictor:
         """Fast NumPy predictions for ``num_devices`` devices (what the search calls)."""
@@ -238,7 +226,7 @@ class CostModels:
                 f"the cost models have no communication model for {num_devices} devices (they have: {have}); "
                 f"run 'distrec plan collect --devices {num_devices}' and retrain"
             )
-        return CostPredictor(self.compute, *self.comm[num_devices], self.linear)
+        return CostPredictor(self.compute, *self.comm[num_devices])
 
 
 def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray, bool]]:
@@ -279,7 +267,7 @@ class CostPredictor:
     members' mean linear head applied to the sum (``device_compute``).
     """
 
-    def __init__(self, compute: ComputeEnsemble, fw: CommCostNet, bw: CommCostNet, linear: np.ndarray | None = None) -> None:
+    def __init__(self, compute: ComputeEnsemble, fw: CommCostNet, bw: CommCostNet) -> None:
         members = list(compute.members)
         self._members = [(_numpy_layers(m.table_mlp), _Scaling(m)) for m in members]
         heads = [(*m.head.numpy_parameters(), float(m.target_scale) / len(members)) for m in members]
@@ -287,7 +275,6 @@ class CostPredictor:
         self._head_offset = sum(b * scale for _, b, scale in heads)
         self._fw_layers, self._fw_scaling = _numpy_layers(fw.mlp), _Scaling(fw)
         self._bw_layers, self._bw_scaling = _numpy_layers(bw.mlp), _Scaling(bw)
-        self.linear = linear
 
     def embed(self, tables: list[TableSpec]) -> np.ndarray:
         """float64 [n, 32 x members] embeddings of tables (or column shards, as tables of their width)."""
@@ -297,12 +284,6 @@ class CostPredictor:
     def device_compute(self, summed_embeddings: np.ndarray) -> np.ndarray:
         """Predicted lookup time (ms) of devices from their summed embeddings [..., 32 x members]."""
         return np.atleast_2d(summed_embeddings) @ self._head_weight + self._head_offset
-
-    def linear_compute(self, floats: float, indices: float, tables: int) -> float:
-        """The linear model's compute (ms, >= 0) of a device of ``tables`` tables that look up
-        ``floats`` floats and ``indices`` indices per sample (needs ``self.linear``)."""
-        a, b, c, d = self.linear
-        return max(a * floats + b * indices + c * tables + d, 0.0)
 
     def plan_costs(self, compute_ms: np.ndarray, dim_sums: np.ndarray) -> dict[str, np.ndarray]:
         """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
@@ -510,8 +491,7 @@ def train_cost_models(
     with intra_op_threads(1), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         compute, comm, metrics = _fit_all(compute_data, comm_recs, seed, epochs, patience)
-    linear, metrics["compute_linear"] = fit_linear_compute(tables, compute_data.targets.numpy(), seed)
-    models = CostModels(compute, comm, batch_sizes.pop(), hardware, metrics, linear)
+    models = CostModels(compute, comm, batch_sizes.pop(), hardware, metrics)
     if verbose:
         for name, m in metrics.items():
             print(
@@ -522,29 +502,6 @@ def train_cost_models(
     if out_path is not None:
         models.save(out_path)
     return models
-
-
-def linear_features(tables: list[TableSpec]) -> tuple[float, float, int]:
-    """(lookup floats, indices) per sample and the number of tables of a device holding ``tables``."""
-    return sum(t.dim * t.pooling_factor for t in tables), sum(t.pooling_factor for t in tables), len(tables)
-
-
-def fit_linear_compute(samples: list[list[TableSpec]], ms: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, float]]:
-    """The linear computation model (ms per lookup float, per index, per table, offset), fitted by least
-    squares on the training part of ``fit``'s split, and its test metrics as ``evaluate``'s."""
-    parts = _split(len(samples), seed)
-    x = np.array([[*linear_features(ts), 1.0] for ts in samples])
-    y = np.asarray(ms, dtype=np.float64)
-    coef = np.linalg.lstsq(x[parts["train"]], y[parts["train"]], rcond=None)[0]
-    errors = {k: x[idx] @ coef - y[idx] for k, idx in parts.items()}
-    test = y[parts["test"]]
-    mse = {f"{k}_mse": float(np.mean(e**2)) for k, e in errors.items()}
-    return coef, {
-        **mse,
-        "test_target_var": float(test.var()),
-        "test_r2": 1.0 - mse["test_mse"] / float(test.var()) if test.var() > 0 else 0.0,
-        "test_median_relative_error": float(np.median(np.abs(errors["test"]) / np.maximum(np.abs(test), 1e-3))),
-    }
 
 
 def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int):

@@ -12,11 +12,6 @@ heuristic's plan and keeps one only if the cost models rank it best. The beam
 search (width K, L steps) halves the columns of one of the N largest or N most expensive
 chunks per step, keeping dimensions divisible by 4. Device compute costs are cached by the
 set of chunks a device holds (Zha et al., "Pre-train and Search", MLSys 2023, Sec. 4).
-
-A device's compute in the search is the ensemble's prediction blended with the linear
-computation model's (``SearchOptions.linear_weight``, see ``NeuroShardSearch._blended``),
-and the plan found replaces the best heuristic placement only if both models predict it
-no dearer (``SearchOptions.agreement``).
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distrec.errors import DistrecError
-from distrec.planner.cost_models import CostPredictor, linear_features
+from distrec.planner.cost_models import CostPredictor
 from distrec.planner.heuristics import GREEDY_COSTS
 from distrec.planner.placement import greedy_place
 from distrec.planner.types import BYTES_PER_FLOAT, Chunk, PlanConstraints, TableSpec, can_halve
@@ -54,11 +49,6 @@ class SearchOptions:
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
         heuristic_placements: also score the greedy heuristics' placements of every chunk set.
-        linear_weight: the weight of the linear computation model in a device's predicted
-            compute, the ensemble's taking the rest (0 = the ensemble alone; models trained
-            without a linear model are always the ensemble alone).
-        agreement: with a blend, keep the best heuristic placement of the whole tables
-            unless both models predict the plan found no dearer (``NeuroShardSearch._agreed``).
     """
 
     beam_width: int = 3
@@ -69,28 +59,21 @@ class SearchOptions:
     grid_search: bool = True
     use_cache: bool = True
     heuristic_placements: bool = True
-    linear_weight: float = 0.5
-    agreement: bool = True
 
     def __post_init__(self) -> None:
-        if (
-            min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1
-            or not 0 <= self.linear_weight <= 1
-        ):
+        if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
             raise DistrecError(
                 f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, "
-                "steps >= 0, the grid maximum >= 1 and the linear weight in [0, 1]"
+                "steps >= 0 and the grid maximum >= 1"
             )
 
     @classmethod
     def ablation(cls, name: str) -> SearchOptions:
-        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid``, ``no-linear``
-        (the ensemble alone) or ``no-cache``."""
+        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
         variants = {
             "full": cls(),
             "no-beam": cls(beam_width=1),
             "no-grid": cls(grid_search=False),
-            "no-linear": cls(linear_weight=0.0),
             "no-cache": cls(use_cache=False),
         }
         if name not in variants:
@@ -178,8 +161,6 @@ class _ChunkInfo:
     cost: float  # predicted compute cost (ms) of the chunk alone on a device
     code: int  # random 64-bit code; a device's chunk multiset hashes to the sum of its codes
     proxies: tuple[float, ...]  # the greedy heuristics' costs of the chunk (``GREEDY_COSTS`` order)
-    floats: float  # floats looked up per sample: dim x pooling factor
-    indices: float  # indices looked up per sample: the pooling factor
 
 
 _HASH_MASK = 2**64 - 1
@@ -232,24 +213,8 @@ class NeuroShardSearch:
             cost = float(self.predictor.device_compute(emb)[0])
             proxies = tuple(proxy(chunk) for proxy in GREEDY_COSTS.values())
             code = int(self._codes.integers(2**63)) * 2 + 1
-            floats, indices, _ = linear_features([chunk])
-            self._chunks[key] = _ChunkInfo(emb, cost, code, proxies, floats, indices)
+            self._chunks[key] = _ChunkInfo(emb, cost, code, proxies)
         return self._chunks[key]
-
-    def _blended(self, model_ms: float, floats: float, indices: float, chunks: int) -> float:
-        """A device's compute (ms) in the search: the ensemble's, blended with the linear model's.
-
-        The search picks the plans whose devices the models rate cheapest, so it gathers
-        the tables whose learned costs err low: executed (the sharding benchmark, max dim 16,
-        seed 0, 5 tasks per device count), NeuroShard's slowest device took 1.02-1.14x the
-        ensemble's predicted compute where lookup-greedy's took 0.85-0.92x. The linear model
-        has only a cost per lookup float, index and chunk, so it has no per-table errors to
-        exploit, and it charges a column split the indices its second shard looks up again.
-        """
-        w = self.options.linear_weight
-        if w == 0 or self.predictor.linear is None:
-            return model_ms
-        return (1 - w) * model_ms + w * self.predictor.linear_compute(floats, indices, chunks)
 
     def _device_compute(self, set_hash: int, summed_embedding: np.ndarray) -> float:
         """Predicted compute cost (ms) of a device, cached by the hash of its chunk multiset.
@@ -306,38 +271,6 @@ class NeuroShardSearch:
                 best = ev
         return best
 
-    def _each_model_cost(self, state: State, device_of: list[int]) -> tuple[float, float]:
-        """The plan's predicted cost (ms, max over devices) by the ensemble and by the linear model."""
-        info = [self._chunk(c.table, c.dim) for c in state]
-        summed = np.zeros((self.num_devices, info[0].embedding.size))
-        features = np.zeros((self.num_devices, 3))
-        dim_sums = np.zeros(self.num_devices)
-        for x, c, r in zip(info, state, device_of):
-            summed[r] += x.embedding
-            features[r] += (x.floats, x.indices, 1)
-            dim_sums[r] += c.dim
-        used = features[:, 2] > 0
-        ensemble = np.where(used, self.predictor.device_compute(summed), 0.0)
-        linear = np.array([self.predictor.linear_compute(*f) if u else 0.0 for f, u in zip(features, used)])
-        return tuple(float(self.predictor.plan_costs(c, dim_sums)["total"].max()) for c in (ensemble, linear))
-
-    def _agreed(self, state: State, best: _Evaluation, root: State) -> tuple[State, _Evaluation]:
-        """``(state, best)`` if both models predict it no dearer than the best heuristic
-        placement of the ``root`` chunks, else that placement.
-
-        The search minimises the blend of the two models, and the plan it finds is often
-        cheaper by the blend than by either model alone: it puts together tables the two
-        disagree on. A gain over the heuristics' plan that only one model sees is more
-        likely an error of that model than a real gain.
-        """
-        info = [self._chunk(c.table, c.dim) for c in root]
-        sizes = [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in root]
-        incumbent = self._heuristic_placement(root, info, sizes)
-        if incumbent.device_of is None or (state == root and best.device_of == incumbent.device_of):
-            return state, best
-        ours, theirs = self._each_model_cost(state, best.device_of), self._each_model_cost(root, incumbent.device_of)
-        return (state, best) if all(a <= b for a, b in zip(ours, theirs)) else (root, incumbent)
-
     def _place(
         self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
     ) -> _Evaluation:
@@ -351,18 +284,14 @@ class NeuroShardSearch:
         summed = np.zeros((self.num_devices, info[0].embedding.size))
         hashes = [0] * self.num_devices
         proxy = [0.0] * self.num_devices
-        floats = [0.0] * self.num_devices
-        indices = [0.0] * self.num_devices
         counts = [0] * self.num_devices
 
         def device_cost(device: int) -> float:
-            return self._blended(self._device_compute(hashes[device], summed[device]), floats[device], indices[device], counts[device])
+            return self._device_compute(hashes[device], summed[device])
 
         def add_item(device: int, item: int) -> float:
             summed[device] += info[item].embedding
             hashes[device] = (hashes[device] + info[item].code) & _HASH_MASK
-            floats[device] += info[item].floats
-            indices[device] += info[item].indices
             counts[device] += 1
             if proxy_loads is None:
                 return device_cost(device)
@@ -424,9 +353,6 @@ class NeuroShardSearch:
             if not children:
                 break
             beam = sorted(children, key=lambda x: x[0])[: self.options.beam_width]
-        blended = 0 < self.options.linear_weight < 1 and self.predictor.linear is not None
-        if best.device_of is not None and blended and self.options.agreement and self.options.heuristic_placements:
-            best_state, best = self._agreed(best_state, best, root)
         if best.device_of is None:
             raise DistrecError(
                 f"no placement of the tables fits {self.num_devices} devices of {self.memory / 2**20:.1f} MiB; "
