@@ -93,12 +93,13 @@ from distrec.data.batch import Batch
 from distrec.data.dataset import Dataset
 from distrec.data.source import Chunk
 from distrec.data.synthetic import SyntheticGenerator
-from distrec.hotline.embedding import HotlineEmbeddingBagCollection, uniform_init
+from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.optim import TieredRowOptimizer
-from distrec.hotline.training import HotlineTraining, stand_in_tables
+from distrec.hotline.training import HotlineTraining
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
-from distrec.tables import TableConfig
+from distrec.models.table_init import TableInit
+from distrec.tables import TableConfig, stand_in_tables
 from distrec.train.optim import make_optimizers
 from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
@@ -289,7 +290,8 @@ def in_memory(setup: Setup, tables: list[TableConfig]) -> System:
 def slow_tier(setup: Setup, tables: list[TableConfig], out: Path, stack: ExitStack, readahead: bool = True) -> System:
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
-    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=uniform_init(tables, setup.seed), slow="disk", directory=out)
+    init = stacked_rows_init(TableInit(tables, model.embeddings.initializer.seed))  # the values (a) and (c) start from
+    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out)
     stack.callback(embeddings.close)
     if not readahead:
         embeddings.store.readahead.close()

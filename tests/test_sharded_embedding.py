@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
@@ -134,3 +135,25 @@ def test_replicated_gradients_average_over_ranks_even_where_one_rank_has_none():
                 counts = torch.bincount(lookups.feature_values(t), minlength=table.num_rows).float()
                 grads.append(counts[:, None].expand(-1, table.dim) if not (source == 1 and t == 2) else torch.zeros(table.num_rows, table.dim))
             torch.testing.assert_close(got[rank][t], (grads[0] + grads[1]) / 2)
+
+
+def _initialised_shards(rank: int, world: int) -> None:
+    tables = [TableConfig("big", 140_000, 8), TableConfig("small", 30, 8), TableConfig("wide", 70_000, 8)]
+    plan = ShardingPlan(world, [
+        TablePlacement("big", "row_wise", [Shard(0, 0, 70_001, 0, 8), Shard(1, 70_001, 140_000, 0, 8)]),  # cuts a generator block
+        TablePlacement("small", "data_parallel", [Shard(r, 0, 30, 0, 8) for r in range(world)]),
+        TablePlacement("wide", "column_wise", [Shard(1, 0, 70_000, 0, 4), Shard(0, 0, 70_000, 4, 8)]),
+    ])
+    torch.manual_seed(3)
+    single = EmbeddingBagCollection(tables)
+    module = ShardedEmbeddingBagCollection.from_initializer(tables, plan, single.initializer)
+    assert len(module.local_blocks()) == 2
+    for unit, block in module.local_blocks():
+        assert torch.equal(block, single.table_weight(unit.table)[unit.row_start : unit.row_end, unit.col_start : unit.col_end])
+    for p, i in zip(module.replicas, module.replicated):
+        assert torch.equal(p, single.table_weight(tables[i].name))
+
+
+def test_shards_made_from_the_initializer_equal_the_single_process_tables():
+    """Each rank makes only its own blocks, with the values the whole tables have in one process."""
+    run_distributed(_initialised_shards, 2)

@@ -33,6 +33,7 @@ from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, s
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
 from distrec.hotline.rows import find_sorted
+from distrec.models.table_init import TableInit
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
@@ -50,10 +51,11 @@ ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
 def replicated_hot_embeddings(
     model: nn.Module, tables: list[TableConfig], plan: ShardingPlan, device: torch.device, group: dist.ProcessGroup | None = None
 ) -> ReplicatedHotEmbedding:
-    """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, cut
-    out of the model's own initial weights like ``parallelize_model`` does."""
-    full = model.embeddings.table_weights()
-    return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full, group, device))
+    """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, made
+    from the model's own initialisation like ``parallelize_model`` does (``model``'s tables
+    may be one-row stand-ins: only their seed is used)."""
+    initializer = TableInit(tables, model.embeddings.initializer.seed)
+    return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device))
 
 
 class DistributedHotlineTraining:

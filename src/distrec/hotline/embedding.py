@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +33,7 @@ from distrec.hotline.optim import row_state_floats
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
 from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major
+from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 
 
@@ -61,17 +61,20 @@ INT32_MAX = torch.iinfo(torch.int32).max
 WeightInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 weights [end - start, D]
 
 
-def uniform_init(tables: list[TableConfig], seed: int) -> WeightInit:
-    """DLRM's initialisation, uniform in +-sqrt(1 / num_rows) of each row's table, made chunk
-    by chunk (a table need not fit in memory), reproducible from ``seed`` for a given chunking."""
-    space = RowSpace.from_tables(tables)
-    bounds = torch.tensor([(1.0 / t.num_rows) ** 0.5 for t in tables])
-    dim = tables[0].dim
+def stacked_rows_init(initializer: TableInit) -> WeightInit:
+    """A ``WeightInit`` of the tables stacked in one row space (``RowSpace``), made chunk by
+    chunk (a table need not fit in memory) with the values ``initializer`` gives each table,
+    so tiers filled from it start where an ordinary model of the same seed does."""
+    offsets = RowSpace.from_tables(initializer.tables).offsets.tolist()
+    dim = initializer.tables[0].dim
 
     def init(start: int, end: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + start)
-        table, _ = space.to_table_rows(np.arange(start, end))
-        return (torch.rand(end - start, dim, generator=gen) * 2 - 1) * bounds[torch.from_numpy(table)].unsqueeze(1)
+        out = torch.empty(end - start, dim)
+        for table, (first, stop) in enumerate(zip(offsets[:-1], offsets[1:])):
+            lo, hi = max(first, start), min(stop, end)
+            if lo < hi:
+                initializer.fill(out[lo - start : hi - start], table, lo - first)
+        return out
 
     return init
 
@@ -118,7 +121,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self.space = RowSpace.from_tables(self.tables)
         self.device = torch.device(device if device is not None else "cpu")
         width = self.dim + row_state_floats(optimizer, self.dim)
-        weights = init or uniform_init(self.tables, seed)
+        weights = init or stacked_rows_init(TableInit(self.tables, seed))
 
         def stored_rows(start: int, end: int) -> torch.Tensor:
             rows = torch.zeros(end - start, width)

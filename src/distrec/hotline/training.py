@@ -19,7 +19,6 @@ logger's entries as files, since tables may be larger than memory.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,14 @@ from distrec.config import ParallelConfig, RunConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
-from distrec.hotline.embedding import HotlineEmbeddingBagCollection, uniform_init
+from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
+from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
 from distrec.train.optim import make_optimizers
@@ -55,13 +55,6 @@ def check_parallel(cfg: ParallelConfig, world_size: int) -> None:
     process, or several with sharded embeddings and the flat all-to-all."""
     if world_size > 1 and (cfg.embeddings != "sharded" or cfg.lookup == "sptt"):
         raise DistrecError("distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local")
-
-
-def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
-    """One-row copies of ``tables``: build the model with them (its dense layers do not
-    depend on table sizes) and pass the real ``tables`` to HotlineTraining, so no
-    table-sized tensor is ever allocated."""
-    return [dataclasses.replace(t, num_rows=1) for t in tables]
 
 
 def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
@@ -95,8 +88,9 @@ class HotlineTraining:
         run_dir: the run's output directory; the disk tier's scratch file goes there unless
             ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped).
         tables: the real tables when ``model`` was built with ``stand_in_tables(tables)``:
-            their rows are then initialised tier by tier with DLRM's uniform initialisation
-            (seeded by ``cfg.train.seed``) instead of copied from the model.
+            their rows are then made tier by tier from the seed of the model's stand-in
+            embeddings (``TableInit``), the values an ordinary model built at the same point
+            starts from, instead of copied from the model.
         progress: show progress bars while initialising, saving and loading rows.
         timer: charges the parts of each step to components (see ``TrainStep``).
 
@@ -128,7 +122,8 @@ class HotlineTraining:
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
-            self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=uniform_init(tables, t.seed), **tier_kwargs)
+            init = stacked_rows_init(TableInit(tables, model.embeddings.initializer.seed))  # where the ordinary model starts
+            self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=init, **tier_kwargs)
         model.embeddings = self.embeddings
         try:
             embedding_lr = t.embedding_lr if t.embedding_lr is not None else t.lr

@@ -10,6 +10,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 
 
@@ -133,7 +134,10 @@ class EmbeddingBagCollection(nn.Module):
     lookup), so no dense table-sized gradient is ever made. Gradients of several backward
     passes before one optimizer step accumulate (their entries are concatenated).
 
-    Rows are initialised uniformly in +-sqrt(1 / num_rows), as in the DLRM reference code.
+    Rows are initialised uniformly in +-sqrt(1 / num_rows), as in the DLRM reference code,
+    from a seed drawn from torch's global generator (``initializer``, a ``TableInit``: it
+    makes any part of the tables alone, so a sharded model made from it starts where this
+    one does without ever holding whole tables).
 
     Args:
         tables: one TableConfig per sparse feature, all with the same ``dim``.
@@ -172,11 +176,11 @@ class EmbeddingBagCollection(nn.Module):
         return len(self.tables)
 
     def reset_parameters(self) -> None:
-        """Uniform in +-sqrt(1 / num_rows) per table (DLRM reference initialisation)."""
-        with torch.no_grad():
-            for t in self.tables:
-                bound = (1.0 / t.num_rows) ** 0.5
-                self.table_weight(t.name).uniform_(-bound, bound)
+        """Uniform in +-sqrt(1 / num_rows) per table (DLRM reference initialisation), from a
+        new seed drawn from torch's global generator (one draw, whatever the table sizes)."""
+        self.initializer = TableInit(self.tables, int(torch.randint(2**62, ())))
+        for i, t in enumerate(self.tables):
+            self.initializer.fill(self.table_weight(t.name), i)
 
     def table_rows(self, name: str) -> tuple[int, int]:
         """The fused-weight rows [start, end) holding table ``name``."""

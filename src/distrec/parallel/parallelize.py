@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from distrec.config import ParallelConfig
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
+from distrec.models.table_init import TableInit
 from distrec.parallel.default_plans import greedy_plan, uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
@@ -72,8 +73,10 @@ def parallelize_model(
     """Shard (or keep local) the embeddings of ``model``, move it to ``device``, wrap it in DDP.
 
     Args:
-        model: built with the same seed on every rank (on the host, so that full tables
-            need not fit on the accelerator before they are cut into shards).
+        model: built with the same seed on every rank (on the host). For ``sharded`` its
+            embeddings may be built from one-row stand-ins of ``tables``
+            (``distrec.tables.stand_in_tables``): each rank makes only its shards of the
+            real tables, from the seed of ``model.embeddings.initializer``.
         tables: the model's tables, in feature order.
         mode: ``sharded`` (needs ``plan``) or ``local``.
         plan: the ShardingPlan for ``sharded``.
@@ -92,8 +95,8 @@ def parallelize_model(
     elif mode == "sharded":
         if plan is None:
             raise DistrecError("sharded embeddings need a sharding plan; pass --plan, --sharding or let the greedy planner make one")
-        full = model.embeddings.table_weights()
-        model.embeddings = ShardedEmbeddingBagCollection.from_full_weights(tables, plan, full, group, device)
+        initializer = TableInit(tables, model.embeddings.initializer.seed)
+        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device)
     model.to(device)
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, embedding_names)

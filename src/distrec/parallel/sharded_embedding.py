@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,9 +34,23 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.plan import ShardingPlan
 from distrec.tables import TableConfig
+
+TableFill = Callable[[torch.Tensor, int, int, int], None]
+"""``fill(out, table, row_start, col_start)``: write that block of table number ``table`` into ``out``."""
+
+
+def full_weights_fill(tables: list[TableConfig], full: dict[str, torch.Tensor]) -> TableFill:
+    """A ``TableFill`` that copies blocks out of full tables (name -> [rows, dim])."""
+
+    def fill(out: torch.Tensor, table: int, row_start: int, col_start: int) -> None:
+        rows, cols = out.shape
+        out.copy_(full[tables[table].name][row_start : row_start + rows, col_start : col_start + cols])
+
+    return fill
 
 
 @dataclass(frozen=True)
@@ -87,8 +102,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """The sharded counterpart of ``distrec.models.embedding.EmbeddingBagCollection``.
 
     Same contract: ``forward(batch) -> float32 [B_local, F, D]`` for this rank's samples.
-    Build it with :meth:`from_full_weights` from the tables' full initial weights, so that
-    a sharded model starts exactly where the single-process one does.
+    Build it with :meth:`from_initializer` from the single-process model's ``initializer``
+    (or :meth:`from_full_weights` from full tables), so that a sharded model starts exactly
+    where the single-process one does.
     """
 
     def __init__(self, tables: list[TableConfig], plan: ShardingPlan, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
@@ -127,19 +143,27 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     # --- construction ------------------------------------------------------------------
     @torch.no_grad()
-    def load_full_weights(self, full: dict[str, torch.Tensor]) -> None:
-        """Copy this rank's blocks out of full tables (name -> [rows, dim])."""
+    def load_weights(self, fill: TableFill) -> None:
+        """Fill this rank's shards and replicas: ``fill(out, table, row_start, col_start)``
+        writes a block of table number ``table`` into ``out`` (``TableInit.fill``'s contract)."""
         for k, u in enumerate(self.local_units):
-            w = self.weights[self.unit_group[k]]
             base = self.unit_base[k]
-            w[base : base + u.num_rows].copy_(full[u.table][u.row_start : u.row_end, u.col_start : u.col_end])
+            fill(self.weights[self.unit_group[k]][base : base + u.num_rows], u.feature, u.row_start, u.col_start)
         for p, i in zip(self.replicas, self.replicated):
-            p.copy_(full[self.tables[i].name])
+            fill(p, i, 0, 0)
+
+    @classmethod
+    def from_initializer(cls, tables, plan, initializer: TableInit, group=None, device=None) -> ShardedEmbeddingBagCollection:
+        """This rank's part of tables initialised by ``initializer``, made without whole tables."""
+        module = cls(tables, plan, group, device)
+        module.load_weights(initializer.fill)
+        return module
 
     @classmethod
     def from_full_weights(cls, tables, plan, full, group=None, device=None) -> ShardedEmbeddingBagCollection:
+        """This rank's part of full tables (name -> [rows, dim])."""
         module = cls(tables, plan, group, device)
-        module.load_full_weights(full)
+        module.load_weights(full_weights_fill(tables, full))
         return module
 
     def local_blocks(self) -> list[tuple[LookupUnit, torch.Tensor]]:

@@ -34,7 +34,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
 from distrec.parallel.topology import Topology, TopologyGroups
 from distrec.tables import TableConfig
@@ -87,7 +87,7 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     @classmethod
     def from_full_weights(cls, tables, layout, groups, full, tower_module=None, tower_dims=None, device=None):
         module = cls(tables, layout, groups, tower_module, tower_dims, device)
-        module.load_full_weights(full)
+        module.load_weights(full_weights_fill(tables, full))
         return module
 
     def pool_global(self, batch: Batch) -> torch.Tensor:

@@ -30,7 +30,7 @@ from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.distributed import DistributedHotlineTraining, replicated_hot_embeddings
-from distrec.hotline.training import HotlineTraining, check_parallel, load_into_model, stand_in_tables
+from distrec.hotline.training import HotlineTraining, check_parallel, load_into_model
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.parallel.comm import init_from_env
@@ -38,7 +38,7 @@ from distrec.parallel.parallelize import embedding_divergence, parallelize_model
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.reshard import export_blocks
 from distrec.parallel.sptt_embedding import SpttTowerEmbeddings, run_topology, sptt_embeddings, sptt_tower_embeddings
-from distrec.tables import TableConfig
+from distrec.tables import TableConfig, stand_in_tables
 from distrec.train.breakdown import StepTimer
 from distrec.train.checkpoint import (
     find_checkpoint,
@@ -193,8 +193,10 @@ class Trainer:
         if cfg.model.tower_module is not None or topology is not None:
             self.towers = resolve_towers([t.name for t in self.tables], p.towers, topology.hosts if topology else p.hosts)
         # built on the host so that every rank draws the same initial weights in any setup;
-        # with tiers the tables are stand-ins (the tiers hold the real ones, maybe larger than RAM)
-        tables = stand_in_tables(self.tables) if tiered else self.tables
+        # the tables are stand-ins where the real ones are made elsewhere: in the tiers (maybe
+        # larger than RAM), or as this rank's shards from the stand-ins' seed (``TableInit``)
+        sharded = self.distributed and self.towers is None and (cfg.hotline.enabled or p.embeddings == "sharded")
+        tables = stand_in_tables(self.tables) if tiered or sharded else self.tables
         model = build_model(cfg.model, self.dataset.num_dense, tables, device="cpu", towers=self.towers)
         self.dmt_cost = dmt_cost(cfg.model, self.dataset.num_dense, self.tables, self.towers) if cfg.model.tower_module and self.rank == 0 else None
         if self.distributed and cfg.hotline.enabled:  # hot rows replicated, the rest sharded; no DDP
