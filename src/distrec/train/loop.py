@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -69,6 +70,16 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+def peak_rss_per_rank(distributed: bool) -> list[int]:
+    """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if not distributed:
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def seed_everything(seed: int) -> None:
@@ -470,6 +481,7 @@ class Trainer:
         last_val = self._evaluate_and_log(log) or last_val
         test = self._evaluate_and_log(log, "test")
         self.save()
+        peak_rss = peak_rss_per_rank(self.distributed)
         if not main:
             return None
         self.timer.write(self.out / BREAKDOWN_FILE, **self._breakdown_extra())
@@ -483,6 +495,7 @@ class Trainer:
             "world_size": self.world_size,
             "embeddings": self.embedding_mode,
             "all_to_all_bytes": self.all_to_all_bytes,
+            "peak_rss_bytes_per_rank": peak_rss,
         }
         if "embedding_divergence" in last_val:
             summary["embedding_divergence"] = last_val["embedding_divergence"]
