@@ -138,10 +138,11 @@ TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "d
 
 
 def run_outcome(run):
-    """(rows of both tiers, dense state, metrics records, summary without speed) of a finished run."""
+    """(rows of both tiers, dense state, metrics records, summary without speed and memory) of a finished run."""
     ckpt = run / "checkpoint"
     summary = json.loads((run / "summary.json").read_text())
     summary.pop("samples_per_s")
+    summary.pop("peak_rss_bytes_per_rank")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(ckpt / "state-rank0.pt", weights_only=False)["hotline"]
     return np.load(ckpt / "hotline-rows.npy"), state["model"], records, summary

