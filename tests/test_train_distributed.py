@@ -91,6 +91,7 @@ def test_sharded_training_equals_single_process(cache, reference_half, tmp_path,
     _assert_same_parameters(_parameters(tmp_path / "run"), _parameters(reference_half))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == world_size and summary["embeddings"] == "sharded"
+    assert len(summary["peak_rss_bytes_per_rank"]) == world_size and min(summary["peak_rss_bytes_per_rank"]) > 2**20
     plan = ShardingPlan.load(tmp_path / "run" / "plan.json")
     assert plan.world_size == world_size
 
