@@ -320,7 +320,7 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+    from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
     from distrec.parallel.sptt import FeatureLayout
     from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
     from distrec.towers.modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
@@ -337,7 +337,7 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
         embeddings = ShardedEmbeddingBagCollection.from_full_weights(tables, tower_plan(tables, layout), full)
         width = len(tables) * args.dim
     elif scheme == "sptt":
-        embeddings = SpttEmbeddingBagCollection.from_full_weights(tables, layout, groups, full)
+        embeddings = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, full_weights_fill(tables, full))
         width = len(tables) * args.dim
     else:
         counts = layout.host_feature_counts()
@@ -345,7 +345,7 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
         torch.manual_seed(100 + host)
         tower = spec.build(counts[host], args.dim)
         dims = [spec.output_dim(c) for c in counts]
-        embeddings = SpttEmbeddingBagCollection.from_full_weights(tables, layout, groups, full, tower, dims)
+        embeddings = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, full_weights_fill(tables, full), tower, dims)
         width = sum(dims)
     model = BenchModel(embeddings, eval_batch.dense.shape[1], width, args.dim)
     tower_params = list(tower.parameters()) if tower is not None else []

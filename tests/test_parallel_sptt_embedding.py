@@ -9,7 +9,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.models.embedding import EmbeddingBagCollection
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
 from distrec.parallel.sptt import FeatureLayout
 from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
 from distrec.parallel.topology import Topology
@@ -68,7 +68,7 @@ def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> No
     expected = reference(batch)
     (expected * upstream).sum().backward()
 
-    modules = [("sptt", SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, groups, full))]
+    modules = [("sptt", SpttEmbeddingBagCollection.from_fill(TABLES, layout, groups, full_weights_fill(TABLES, full)))]
     if all(layout.feature_counts):  # the flat module cannot back-propagate on a rank without tables
         flat = ShardedEmbeddingBagCollection.from_full_weights(TABLES, tower_plan(TABLES, layout), full)
         modules.insert(0, ("flat", flat))
@@ -87,7 +87,7 @@ def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> No
     tower = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
     single = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
     single.load_state_dict(tower.state_dict())
-    dmt = SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, groups, full, tower, [2] * hosts)
+    dmt = SpttEmbeddingBagCollection.from_fill(TABLES, layout, groups, full_weights_fill(TABLES, full), tower, [2] * hosts)
     out = dmt(local)
     tower_upstream = torch.randn(world * LOCAL_BATCH, 2 * hosts, generator=torch.Generator().manual_seed(9))
     (out * tower_upstream[mine]).sum().mul(world).backward()
@@ -128,7 +128,7 @@ def _check_uneven(rank: int, world: int, hosts: int, sharding: str) -> None:
     expected = reference(batch)
     (expected * upstream).sum().backward()
     mine = slice(starts[rank], starts[rank] + sizes[rank])
-    module = SpttEmbeddingBagCollection.from_full_weights(TABLES, layout, topology.build_groups(), full)
+    module = SpttEmbeddingBagCollection.from_fill(TABLES, layout, topology.build_groups(), full_weights_fill(TABLES, full))
     out = module(batch.slice(mine.start, mine.stop))
     torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6)
     (out * upstream[mine]).sum().mul(world).backward()

@@ -18,7 +18,7 @@ reaching the tables are divided by world_size on their way back (step (d)'s back
 
 Example:
     >>> layout = FeatureLayout.from_towers(topology, partition.feature_indices(names))  # doctest: +SKIP
-    >>> ebc = SpttEmbeddingBagCollection.from_full_weights(tables, layout, groups, full)  # doctest: +SKIP
+    >>> ebc = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, full_weights_fill(tables, full))  # doctest: +SKIP
     >>> ebc(local_batch).shape                                                           # doctest: +SKIP
     torch.Size([b, F, D])
 """
@@ -33,8 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 from distrec.data.batch import Batch
+from distrec.models.table_init import TableInit
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, TableFill
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
 from distrec.parallel.topology import Topology, TopologyGroups
 from distrec.tables import TableConfig
@@ -85,9 +86,10 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self.column_of_unit = [local_features.index(f) for f in layout.features_of_rank[self.rank]]
 
     @classmethod
-    def from_full_weights(cls, tables, layout, groups, full, tower_module=None, tower_dims=None, device=None):
+    def from_fill(cls, tables, layout, groups, fill: TableFill, tower_module=None, tower_dims=None, device=None):
+        """This rank's tables with weights from ``fill`` (``TableInit.fill``, or ``full_weights_fill``)."""
         module = cls(tables, layout, groups, tower_module, tower_dims, device)
-        module.load_weights(full_weights_fill(tables, full))
+        module.load_weights(fill)
         return module
 
     def pool_global(self, batch: Batch) -> torch.Tensor:
@@ -150,7 +152,7 @@ def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int 
 
 def sptt_embeddings(
     tables: list[TableConfig],
-    full: dict[str, torch.Tensor],
+    fill: TableFill,
     topology: Topology,
     towers: Sequence[Sequence[int]],
     device: torch.device | None = None,
@@ -160,7 +162,7 @@ def sptt_embeddings(
 
     Args:
         tables: the model's tables, in feature order.
-        full: every table's full initial weight (name -> [rows, D]).
+        fill: the tables' initial weights (``TableInit.fill`` of the model's initializer).
         topology: the run's topology (``run_topology``).
         towers: feature indices of each tower, one tower per host
             (``distrec.towers.partition.resolve_towers``).
@@ -168,7 +170,7 @@ def sptt_embeddings(
         sharding: ``table_wise`` or ``column_wise``, how a tower's tables split over its host's ranks.
     """
     layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
-    return SpttEmbeddingBagCollection.from_full_weights(tables, layout, topology.build_groups(), full, device=device)
+    return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(), fill, device=device)
 
 
 class SpttTowerEmbeddings(nn.Module):
@@ -211,20 +213,21 @@ class SpttTowerEmbeddings(nn.Module):
 
 
 def sptt_tower_embeddings(
-    tower_embeddings: nn.Module, topology: Topology, device: torch.device | None = None, sharding: str = "table_wise"
+    tower_embeddings: nn.Module, tables: list[TableConfig], topology: Topology, device: torch.device | None = None, sharding: str = "table_wise"
 ) -> SpttTowerEmbeddings:
     """The distributed form of a ``TowerEmbeddings`` built identically on every rank (collective).
 
-    The tables start from ``tower_embeddings``' weights and each rank takes its host's tower
-    module (tower h on host h), so a distributed run starts where a single-process one does;
-    ``sharding`` is as in ``sptt_embeddings``.
+    Each rank makes its shards of ``tables`` from the seed of ``tower_embeddings``' bags
+    (which may be one-row stand-ins, ``distrec.tables.stand_in_tables``) and takes its host's
+    tower module (tower h on host h), so a distributed run starts where a single-process one
+    does; ``sharding`` is as in ``sptt_embeddings``.
     """
     bags = tower_embeddings.bags
-    full = bags.table_weights()
+    fill = TableInit(tables, bags.initializer.seed).fill
     layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
     groups = topology.build_groups()
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)
-    sptt = SpttEmbeddingBagCollection.from_full_weights(bags.tables, layout, groups, full, module, tower_embeddings.tower_dims, device)
+    sptt = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, fill, module, tower_embeddings.tower_dims, device)
     return SpttTowerEmbeddings(sptt, tower_embeddings.num_vectors, tower_embeddings.dim)
 
 

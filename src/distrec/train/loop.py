@@ -34,6 +34,7 @@ from distrec.hotline.distributed import DistributedHotlineTraining, replicated_h
 from distrec.hotline.training import HotlineTraining, check_parallel, load_into_model
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
+from distrec.models.table_init import TableInit
 from distrec.parallel.comm import init_from_env
 from distrec.parallel.parallelize import embedding_divergence, parallelize_model, resolve_plan
 from distrec.parallel.plan import ShardingPlan
@@ -206,7 +207,7 @@ class Trainer:
         # built on the host so that every rank draws the same initial weights in any setup;
         # the tables are stand-ins where the real ones are made elsewhere: in the tiers (maybe
         # larger than RAM), or as this rank's shards from the stand-ins' seed (``TableInit``)
-        sharded = self.distributed and self.towers is None and (cfg.hotline.enabled or p.embeddings == "sharded")
+        sharded = self.distributed and (cfg.hotline.enabled or topology is not None or p.embeddings == "sharded")
         tables = stand_in_tables(self.tables) if tiered or sharded else self.tables
         model = build_model(cfg.model, self.dataset.num_dense, tables, device="cpu", towers=self.towers)
         self.dmt_cost = dmt_cost(cfg.model, self.dataset.num_dense, self.tables, self.towers) if cfg.model.tower_module and self.rank == 0 else None
@@ -217,10 +218,11 @@ class Trainer:
         elif self.distributed:
             embeddings = None
             if cfg.model.tower_module is not None:
-                embeddings = sptt_tower_embeddings(model.embeddings, topology, self.device, p.tower_sharding)
+                embeddings = sptt_tower_embeddings(model.embeddings, self.tables, topology, self.device, p.tower_sharding)
                 self.plan = embeddings.bags.plan
             elif topology is not None:
-                embeddings = sptt_embeddings(self.tables, model.embeddings.table_weights(), topology, self.towers, self.device, p.tower_sharding)
+                fill = TableInit(self.tables, model.embeddings.initializer.seed).fill
+                embeddings = sptt_embeddings(self.tables, fill, topology, self.towers, self.device, p.tower_sharding)
                 self.plan = embeddings.plan
             elif p.embeddings == "sharded":
                 self.plan = resolve_plan(self.tables, p, self.world_size)
