@@ -102,15 +102,26 @@ def _row_state(optimizer: Optimizer | None, param: nn.Parameter) -> dict[str, An
     return optimizer.state.get(param, {})
 
 
-def export_blocks(embeddings: nn.Module, optimizer: Optimizer | None, include_replicas: bool = True) -> list[dict[str, Any]]:
+def export_blocks(
+    embeddings: nn.Module, optimizer: Optimizer | None, include_replicas: bool = True, copy: bool = False
+) -> list[dict[str, Any]]:
     """This process's blocks as saveable dicts: ``block`` (fields), ``weight``, ``state``
-    (row-aligned optimizer tensors) and ``scalars`` (other optimizer state, e.g. Adam's step)."""
+    (row-aligned optimizer tensors) and ``scalars`` (other optimizer state, e.g. Adam's step).
+
+    Without ``copy`` the tensors are views of the module's own: ``torch.save`` writes a
+    storage that several views share once, so saving them in one call writes every fused
+    weight once and needs no memory beyond the module's; save them before the rows change.
+    ``copy`` clones them, for rows that change before they are saved.
+    """
     out = []
     for held in held_blocks(embeddings, include_replicas):
         state = _row_state(optimizer, held.param)
-        tensors = {k: held.rows(v).clone() for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == held.param.shape[0]}
+        tensors = {k: held.rows(v) for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == held.param.shape[0]}
+        weight = held.rows(held.param.detach())
+        if copy:
+            tensors, weight = {k: v.clone() for k, v in tensors.items()}, weight.clone()
         scalars = {k: v for k, v in state.items() if k not in tensors}
-        out.append({"block": asdict(held.block), "weight": held.rows(held.param.detach()).clone(), "state": tensors, "scalars": scalars})
+        out.append({"block": asdict(held.block), "weight": weight, "state": tensors, "scalars": scalars})
     return out
 
 

@@ -295,8 +295,8 @@ class Trainer:
         if isinstance(self.hotline, HotlineTraining):  # its tables are files beside this state (see save)
             return {"hotline": self.hotline.state_dict(), "blocks": [], **position}
         sparse, towers = self._sparse_optimizer(), self._tower_optimizer()
-        with self.hotline.rows_in_shards() if self.hotline is not None else nullcontext():
-            blocks = export_blocks(self._sharded_embeddings, sparse, include_replicas=self.rank == 0)
+        with self.hotline.rows_in_shards() if self.hotline is not None else nullcontext():  # copied: the hot rows leave again
+            blocks = export_blocks(self._sharded_embeddings, sparse, include_replicas=self.rank == 0, copy=self.hotline is not None)
         state = {
             "dense": {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.")},
             "dense_optimizers": [o.state_dict() for o in self.optimizers if o is not sparse and o is not towers],
