@@ -12,6 +12,9 @@ import torch
 from distrec import io
 from distrec.cli import main
 from distrec.errors import DistrecError
+from distrec.models.embedding import EmbeddingBagCollection
+from distrec.parallel.reshard import export_blocks
+from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.loop import load_trained_model
 
@@ -118,3 +121,17 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(DistrecError, match="holds no checkpoint"):
         find_checkpoint(tmp_path)
     assert not has_checkpoint(tmp_path)
+
+
+def test_exported_blocks_are_views_that_save_each_storage_once(tmp_path):
+    """A checkpoint save needs no copy of the tables: the blocks are views of the fused
+    weight, and torch.save writes that storage once however many views it has."""
+    ebc = EmbeddingBagCollection([TableConfig("a", 1_000, 8), TableConfig("b", 3_000, 8)])
+    blocks = export_blocks(ebc, None)
+    assert all(b["weight"].untyped_storage().data_ptr() == ebc.weight.untyped_storage().data_ptr() for b in blocks)
+    torch.save(blocks, tmp_path / "blocks.pt")
+    assert (tmp_path / "blocks.pt").stat().st_size < 1.1 * ebc.weight.numel() * 4
+    loaded = torch.load(tmp_path / "blocks.pt", weights_only=True)
+    assert torch.equal(loaded[1]["weight"], ebc.table_weight("b")) and loaded[1]["block"]["table"] == "b"
+    copied = export_blocks(ebc, None, copy=True)
+    assert all(c["weight"].untyped_storage().data_ptr() != ebc.weight.untyped_storage().data_ptr() for c in copied)
