@@ -98,7 +98,6 @@ from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.training import HotlineTraining
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
-from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig, stand_in_tables
 from distrec.train.optim import make_optimizers
 from distrec.train.step import TrainStep
@@ -290,7 +289,7 @@ def in_memory(setup: Setup, tables: list[TableConfig]) -> System:
 def slow_tier(setup: Setup, tables: list[TableConfig], out: Path, stack: ExitStack, readahead: bool = True) -> System:
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
-    init = stacked_rows_init(TableInit(tables, model.embeddings.initializer.seed))  # the values (a) and (c) start from
+    init = stacked_rows_init(model.embeddings.initializer.for_tables(tables))  # the values (a) and (c) start from
     model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out)
     stack.callback(embeddings.close)
     if not readahead:

@@ -56,5 +56,5 @@ def test_collection_draws_one_seed_whatever_the_table_sizes():
     stand_in = EmbeddingBagCollection(stand_in_tables(TABLES))
     assert torch.equal(torch.rand(3), after_real)
     assert stand_in.weight.shape[0] == len(TABLES) and stand_in.initializer.seed == real.initializer.seed
-    made = TableInit(TABLES, stand_in.initializer.seed)
+    made = stand_in.initializer.for_tables(TABLES)
     assert all(torch.equal(whole(made, i), real.table_weight(t.name)) for i, t in enumerate(TABLES))

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from distrec.errors import DistrecError
 
@@ -49,4 +48,4 @@ def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
     """One-row copies of ``tables``: build a model with them (its dense layers do not depend
     on table sizes) when the real tables are made elsewhere (Hotline's tiers, a rank's
     shards), so no table-sized tensor is allocated for them."""
-    return [dataclasses.replace(t, num_rows=1) for t in tables]
+    return [replace(t, num_rows=1) for t in tables]

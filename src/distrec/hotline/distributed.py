@@ -33,7 +33,6 @@ from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, s
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
 from distrec.hotline.rows import find_sorted
-from distrec.models.table_init import TableInit
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
@@ -54,7 +53,7 @@ def replicated_hot_embeddings(
     """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, made
     from the model's own initialisation like ``parallelize_model`` does (``model``'s tables
     may be one-row stand-ins: only their seed is used)."""
-    initializer = TableInit(tables, model.embeddings.initializer.seed)
+    initializer = model.embeddings.initializer.for_tables(tables)
     return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device))
 
 

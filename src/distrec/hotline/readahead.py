@@ -50,9 +50,7 @@ class RowReadahead:
         if not ids.numel():
             return
         start = self.base + ids.cpu().numpy().astype(np.int64) * self.row_bytes
-        first = np.unique(start - start % PAGE)
-        last = np.unique((start + self.row_bytes - 1) // PAGE * PAGE)
-        pages = np.union1d(first, last)  # a row may straddle two pages
+        pages = np.union1d(start - start % PAGE, (start + self.row_bytes - 1) // PAGE * PAGE)  # a row may straddle two pages
         if self._pidfd >= 0 and self._advise_in_batches(pages):
             return
         for page in pages.tolist():

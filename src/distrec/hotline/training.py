@@ -37,7 +37,6 @@ from distrec.hotline.pipeline import HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
-from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
 from distrec.train.optim import make_optimizers
@@ -122,7 +121,7 @@ class HotlineTraining:
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
-            init = stacked_rows_init(TableInit(tables, model.embeddings.initializer.seed))  # where the ordinary model starts
+            init = stacked_rows_init(model.embeddings.initializer.for_tables(tables))  # where the ordinary model starts
             self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=init, **tier_kwargs)
         model.embeddings = self.embeddings
         try:

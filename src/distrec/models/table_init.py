@@ -31,6 +31,11 @@ class TableInit:
         self.tables = list(tables)
         self.seed = int(seed)
 
+    def for_tables(self, tables: list[TableConfig]) -> TableInit:
+        """The same initialisation of ``tables``: the real tables behind a model built with
+        one-row stand-ins of them (``distrec.tables.stand_in_tables``), whose seed this is."""
+        return TableInit(tables, self.seed)
+
     def _block_generator(self, table: int, block: int) -> torch.Generator:
         key = np.random.SeedSequence([self.seed, table, block]).generate_state(1, np.uint64)[0]
         return torch.Generator().manual_seed(int(key))

@@ -29,7 +29,6 @@ from torch.nn.parallel import DistributedDataParallel
 from distrec.config import ParallelConfig
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
-from distrec.models.table_init import TableInit
 from distrec.parallel.default_plans import greedy_plan, uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
@@ -95,7 +94,7 @@ def parallelize_model(
     elif mode == "sharded":
         if plan is None:
             raise DistrecError("sharded embeddings need a sharding plan; pass --plan, --sharding or let the greedy planner make one")
-        initializer = TableInit(tables, model.embeddings.initializer.seed)
+        initializer = model.embeddings.initializer.for_tables(tables)
         model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device)
     model.to(device)
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]

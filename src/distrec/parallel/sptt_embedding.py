@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch import nn
 
 from distrec.data.batch import Batch
-from distrec.models.table_init import TableInit
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, TableFill
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
@@ -223,7 +222,7 @@ def sptt_tower_embeddings(
     does; ``sharding`` is as in ``sptt_embeddings``.
     """
     bags = tower_embeddings.bags
-    fill = TableInit(tables, bags.initializer.seed).fill
+    fill = bags.initializer.for_tables(tables).fill
     layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
     groups = topology.build_groups()
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)

@@ -34,7 +34,6 @@ from distrec.hotline.distributed import DistributedHotlineTraining, replicated_h
 from distrec.hotline.training import HotlineTraining, check_parallel, load_into_model
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
-from distrec.models.table_init import TableInit
 from distrec.parallel.comm import init_from_env
 from distrec.parallel.parallelize import embedding_divergence, parallelize_model, resolve_plan
 from distrec.parallel.plan import ShardingPlan
@@ -207,8 +206,8 @@ class Trainer:
         # built on the host so that every rank draws the same initial weights in any setup;
         # the tables are stand-ins where the real ones are made elsewhere: in the tiers (maybe
         # larger than RAM), or as this rank's shards from the stand-ins' seed (``TableInit``)
-        sharded = self.distributed and (cfg.hotline.enabled or topology is not None or p.embeddings == "sharded")
-        tables = stand_in_tables(self.tables) if tiered or sharded else self.tables
+        shards_per_rank = self.distributed and (cfg.hotline.enabled or topology is not None or p.embeddings == "sharded")
+        tables = stand_in_tables(self.tables) if tiered or shards_per_rank else self.tables
         model = build_model(cfg.model, self.dataset.num_dense, tables, device="cpu", towers=self.towers)
         self.dmt_cost = dmt_cost(cfg.model, self.dataset.num_dense, self.tables, self.towers) if cfg.model.tower_module and self.rank == 0 else None
         if self.distributed and cfg.hotline.enabled:  # hot rows replicated, the rest sharded; no DDP
@@ -221,7 +220,7 @@ class Trainer:
                 embeddings = sptt_tower_embeddings(model.embeddings, self.tables, topology, self.device, p.tower_sharding)
                 self.plan = embeddings.bags.plan
             elif topology is not None:
-                fill = TableInit(self.tables, model.embeddings.initializer.seed).fill
+                fill = model.embeddings.initializer.for_tables(self.tables).fill
                 embeddings = sptt_embeddings(self.tables, fill, topology, self.towers, self.device, p.tower_sharding)
                 self.plan = embeddings.plan
             elif p.embeddings == "sharded":
