@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distrec.allocator import keep_freed_memory
 from distrec.parallel.comm import backend_for, free_port
 from distrec.planner.workload import THREADS_PER_DEVICE
 
@@ -23,12 +24,16 @@ def spawn_group(fn: Callable, world_size: int, device_type: str, args: tuple = (
 
     The processes join a process group on a free loopback port (NCCL for CUDA, gloo
     otherwise) and use ``threads`` intra-op threads each. ``fn`` must be importable (a
-    module-level function); results travel back through a queue passed in ``args``.
+    module-level function); results travel back through a queue passed in ``args``. The
+    processes keep freed memory for reuse (``distrec.allocator``), so that what they time
+    is the work, not the allocator.
     """
     mp.spawn(_run, args=(fn, world_size, device_type, free_port(), threads, args), nprocs=world_size, join=True)
 
 
 def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, threads: int, args: tuple) -> None:
+    keep_freed_memory()
+    keep_freed_memory()
     device = rank_device(device_type, rank)
     if device.type != "cpu":
         torch.accelerator.set_device_index(rank)

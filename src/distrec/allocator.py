@@ -1,0 +1,57 @@
+"""Keep freed heap memory for reuse instead of handing it back to the OS (glibc only).
+
+The planner's micro-benchmarks time embedding steps built from stock PyTorch parts
+(``distrec.planner.workload``): ``F.embedding_bag`` with sparse gradients and
+``torch.optim.SGD``, which allocate the same large temporaries every step (a table's
+sparse gradient, indices x dim floats, tens of MB for 4096 bags; its coalesced copy). glibc
+serves a block above its mmap threshold (128 KiB to 32 MiB, adapting) with a fresh ``mmap``
+and returns it with ``munmap`` on free, so every step pays the kernel to map and zero the
+same pages again, and how often depends on the allocator's history: one device's step took
+22 or 45 ms from one step to the next, and the busiest device of an 8-device task 135 ms
+with 44,000 page faults per step against 48 ms with freed memory kept
+(``benchmarks/allocator.py``). A cost model trained on such times learns the allocator's
+moods. ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
+and freed ones stay there, as LD_PRELOADing jemalloc or tcmalloc would, without another
+library. distrec's own training step keeps its buffers and gains nothing from it (same
+benchmark), so only the planner's measuring processes call it.
+
+The price is resident memory: freed heap (up to ``RETAINED_BYTES``) is kept rather than
+returned, and during the first steps the heap grows past the working set, since a freed
+block is a little too small for the next aligned one of its size until several have
+coalesced (eight 64 MiB blocks before a ninth is served from freed memory). Set ``DISTREC_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+RETAINED_BYTES = 1 << 30
+"""Blocks up to this size (bytes) come from the heap, and this much freed heap may be kept."""
+FALLBACK_MMAP_THRESHOLD = 32 << 20
+"""glibc builds that cap the mmap threshold at half their heap size accept this (bytes)."""
+_M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+OPT_OUT_VARIABLE = "DISTREC_KEEP_FREED_MEMORY"
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds in this process (see the module doc).
+
+    Returns:
+        True if the thresholds were set; False on a non-glibc platform or when the user
+        opted out with ``DISTREC_KEEP_FREED_MEMORY=0``. Idempotent.
+    """
+    if os.environ.get(OPT_OUT_VARIABLE, "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not mallopt(_M_MMAP_THRESHOLD, RETAINED_BYTES) and not mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD):
+        return False
+    return bool(mallopt(_M_TRIM_THRESHOLD, RETAINED_BYTES))
