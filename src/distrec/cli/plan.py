@@ -14,7 +14,7 @@ from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args
 
 EXAMPLES = """
 examples:
-  distrec plan collect --devices 4 8                  # micro-benchmarks (resumable), ~15 min on 2 CPU cores
+  distrec plan collect --devices 4 8                  # micro-benchmarks (resumable), ~7 min on 2 CPU cores
   distrec plan train-cost-models                      # prints each model's test MSE
   distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB -o plan.json
   distrec plan --data day_0.gz --data-format criteo --devices 8 --memory-per-device 2GB \\

@@ -107,11 +107,12 @@ def plan_tables(
             raise DistrecError("the neuroshard algorithm needs cost models; train them with 'distrec plan train-cost-models'")
         predictor = cost_models.predictor(devices)
         result = NeuroShardSearch(tables, devices, memory_per_device, predictor, constraints, options).run()
-        chosen = Placement(result.chunks, result.device_of, result.costs)
+        chosen: Placement = result
         report.update(cache_hit_rate=result.cache_hit_rate, states_evaluated=result.states)
         if result.runners_up:
-            choice = choose_measured([chosen, *result.runners_up], tables, predictor, DeviceTimer(cost_models.batch_size, seed=seed))
-            chosen = [chosen, *result.runners_up][choice.index]
+            candidates = [result, *result.runners_up]
+            choice = choose_measured(candidates, tables, predictor, DeviceTimer(cost_models.batch_size, seed=seed))
+            chosen = candidates[choice.index]
             report["measured"] = {
                 "candidates": choice.candidates,
                 "kept": choice.index,

@@ -53,12 +53,12 @@ class DeviceTimer:
         self.device = torch.device(device) if device is not None else default_device()
         self.seed = seed
         self._cache: dict[tuple, float] = {}
+        keep_freed_memory()  # time the lookups, not the allocator (see distrec.allocator)
 
     def __call__(self, tables: list[TableSpec]) -> float:
         """Compute time (ms) of a device holding ``tables`` (column shards as tables of their width)."""
         key = tuple(sorted((t.name, t.dim) for t in tables))
         if key not in self._cache:
-            keep_freed_memory()  # time the lookups, not the allocator (see distrec.allocator)
             with intra_op_threads(THREADS_PER_DEVICE):
                 workload = LookupWorkload(tables, self.batch_size, self.device, np.random.default_rng([self.seed, len(self._cache)]))
                 self._cache[key] = compute_ms(workload.step, self.device, WARMUP_RUNS, TIMED_RUNS)

@@ -102,13 +102,11 @@ class Placement:
 
 
 @dataclass
-class SearchResult:
-    """The best placement found and how the search went.
+class SearchResult(Placement):
+    """The best placement found (its chunks, their ranks, its predicted costs) and how the
+    search went.
 
     Attributes:
-        chunks: the column chunks of the plan.
-        device_of: the rank of every chunk.
-        costs: per-device predicted costs (ms): compute, bw_comm, fw_comm, total.
         search_time_s: wall time of the search.
         cache_lookups, cache_hits: device compute costs asked for, and found in the cache.
         states: chunk sets (split choices) evaluated.
@@ -117,9 +115,6 @@ class SearchResult:
             of the whole tables, the candidates ``distrec.planner.measured`` times.
     """
 
-    chunks: list[Chunk]
-    device_of: list[int]
-    costs: dict[str, np.ndarray]
     search_time_s: float
     cache_lookups: int = 0
     cache_hits: int = 0
@@ -129,10 +124,6 @@ class SearchResult:
     @property
     def cache_hit_rate(self) -> float:
         return self.cache_hits / self.cache_lookups if self.cache_lookups else 0.0
-
-    @property
-    def max_cost(self) -> float:
-        return float(self.costs["total"].max())
 
 
 def narrowest_shard(table: TableSpec, splittable: bool) -> int:
