@@ -24,11 +24,8 @@ rate; NeuroShard's mean cost over the tasks both solved divided by each baseline
 highest ratio, ``best_baseline_ms`` and ``neuroshard_ms_same_tasks`` its and NeuroShard's
 means on their shared tasks); the cost the cost models predicted for NeuroShard's plans
 against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
-measuring, no beam search, no grid search, no cache: executed cost and search time).
-``neuroshard`` is the planner's default: the search, then the best 4 plans by predicted cost
-and the greedy heuristics' plans timed on this machine (``distrec.planner.measured``);
-``neuroshard-no-measure`` is the paper's planner, which keeps the cost models' best, and the
-other ablations are taken from it (``no_measure_ratio_vs_best_baseline`` is its ratio).
+beam search, no grid search, no cache: executed
+cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
 first (resumable). ``--quick`` runs 2 max dims x 5 tasks (or ``--tasks``) per device count
@@ -62,7 +59,7 @@ from distrec.planner.search import SearchOptions
 from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
 
-ABLATIONS = ("no-measure", "no-beam", "no-grid", "no-cache")
+ABLATIONS = ("no-beam", "no-grid", "no-cache")
 VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 
@@ -127,7 +124,7 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
     planned = [plan_task(t, models, args.seed + i, i < args.cache_ablation_tasks) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
     for i in range(len(tasks)):  # the cache changes search time, never the plan
         if "plan" in planned[i].get("neuroshard-no-cache", {}):
-            assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard-no-measure"]["plan"].to_dict()
+            assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard"]["plan"].to_dict()
     jobs, job_number, job_of = [], {}, {}  # distinct plans of each task; (task, variant) -> its job
     for i in range(len(tasks)):
         for v in VARIANTS:
@@ -154,22 +151,12 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         }
         for v in VARIANTS
     }
-
-    def ratios(variant: str) -> dict[str, float | None]:
-        """The variant's mean cost over each baseline's, on the tasks both solved."""
-        both = {b: [i for i in solved[b] if i in set(solved[variant])] for b in HEURISTICS}
-        return {b: mean_cost(variant, both[b]) / mean_cost(b, both[b]) if both[b] else None for b in HEURISTICS}
-
     shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in HEURISTICS}
-    for key, variant in (("ratio", "neuroshard"), ("ratio_no_measure", "neuroshard-no-measure")):
-        for b, ratio in ratios(variant).items():
-            algorithms[b][key] = ratio
+    for b in HEURISTICS:  # NeuroShard over the baseline on the tasks both solved
+        algorithms[b]["ratio"] = mean_cost("neuroshard", shared[b]) / mean_cost(b, shared[b]) if shared[b] else None
     rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
     strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the hardest to beat
-    unmeasured = [algorithms[b]["ratio_no_measure"] for b in HEURISTICS if algorithms[b]["ratio_no_measure"] is not None]
-    reports = [planned[i]["neuroshard"]["report"] for i in solved["neuroshard"]]
-    pairs = [(r["predicted_max_ms"], real[(i, "neuroshard")]) for i, r in zip(solved["neuroshard"], reports)]
-    measured = [r["measured"]["max_ms"] for r in reports if "measured" in r]
+    pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
     summary = {
         "devices": devices,
         "max_dim": max_dim,
@@ -181,10 +168,8 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "neuroshard_ms_same_tasks": mean_cost("neuroshard", shared[strongest]) if strongest else None,
         "ratio_vs_best_baseline": algorithms[strongest]["ratio"] if strongest else None,
         "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
-        "neuroshard_measured_ms": statistics.fmean(measured) if measured else None,
-        "no_measure_ratio_vs_best_baseline": max(unmeasured) if unmeasured else None,
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
-        "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard-no-measure"),
+        "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard"),
         "algorithms": algorithms,
         "plans": plan_details(jobs, job_of, costs, planned),
     }
@@ -228,8 +213,8 @@ def markdown_table(settings: list[dict]) -> str:
         "max dim",
         *VARIANTS[: 1 + len(HEURISTICS)],
         "NeuroShard / strongest baseline (shared tasks)",
-        "ablations ms (no measure / no beam / no grid)",
-        "search s (full / no measure / no beam / no grid)",
+        "ablations ms (no beam / no grid)",
+        "search s (full / no beam / no grid)",
         "no cache: search time x",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -237,8 +222,8 @@ def markdown_table(settings: list[dict]) -> str:
         a = s["algorithms"]
         cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
-        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-measure", "no-beam", "no-grid"))
-        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-measure", "neuroshard-no-beam", "neuroshard-no-grid"))
+        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
+        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
         lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -278,8 +263,7 @@ def main() -> None:
                 f"D={devices} max_dim={max_dim}: "
                 + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
                 + "; NeuroShard/baseline on shared tasks: "
-                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS)
-                + f"; without measuring, over the strongest: {fmt(summary['no_measure_ratio_vs_best_baseline'], '.3f')}",
+                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS),
                 flush=True,
             )
     predicted, executed = np.array(pairs).T if pairs else (np.zeros(0), np.zeros(0))

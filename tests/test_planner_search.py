@@ -1,6 +1,5 @@
 """NeuroShard search and plan_tables: memory, dims divisible by 4, constraints, cache, errors."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -16,7 +15,7 @@ from distrec.planner.table_pool import generate_tasks, make_table_pool
 from distrec.planner.types import PlanConstraints, TableSpec
 
 HIST = (0.5, 0.5) + (0.0,) * 15
-SHORT = SearchOptions(max_steps=3, grid_points=5, measured_plans=0)  # fast, and the cost models' plan
+SHORT = SearchOptions(max_steps=3, grid_points=5)  # keeps the tests fast
 
 
 def untrained_cost_models(devices: int, seed: int = 0) -> CostModels:
@@ -55,7 +54,7 @@ def test_plan_respects_memory_and_splits_columns_in_multiples_of_four(task, mode
 
 
 def test_plan_json_round_trip_validates(task, models, tmp_path):
-    plan, _ = plan_tables(task.tables, 4, task.memory_per_device, models, options=SHORT)
+    plan, _ = plan_tables(task.tables, 4, task.memory_per_device, models)
     plan.save(tmp_path / "plan.json")
     loaded = ShardingPlan.load(tmp_path / "plan.json")
     loaded.validate([t.to_config() for t in task.tables], task.memory_per_device)
@@ -97,7 +96,7 @@ def test_infeasible_requests_raise_one_error(models):
 def test_cache_hits_on_repeated_evaluations_and_can_be_switched_off(task, models):
     predictor = models.predictor(4)
     cached = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=SHORT).run()
-    no_cache = dataclasses.replace(SHORT, use_cache=False)
+    no_cache = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, use_cache=False)
     uncached = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=no_cache).run()
     assert cached.cache_hits > 0 and cached.cache_hit_rate > 0.5
     assert uncached.cache_hits == 0 and uncached.cache_lookups == cached.cache_lookups
@@ -157,7 +156,7 @@ def test_neuroshard_is_never_predicted_worse_than_a_greedy_heuristic(models):
         for algorithm in ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"):
             theirs = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm)[1]["predicted_max_ms"]
             assert ours <= theirs * (1 + 1e-9), algorithm
-    without = dataclasses.replace(SHORT, heuristic_placements=False)
+    without = SearchOptions(max_steps=SHORT.max_steps, grid_points=SHORT.grid_points, heuristic_placements=False)
     assert NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=without).run().max_cost >= ours - 1e-9
 
 

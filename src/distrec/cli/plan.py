@@ -46,12 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-models", metavar="DIR", help="folder (or .pt file) of trained cost models (default ~/.cache/distrec/planner)")
     p.add_argument("--pin", action="append", default=[], metavar="TABLE=RANK", help="put a table whole on a rank (repeatable)")
     p.add_argument("--no-split", action="append", default=[], metavar="TABLE", help="never split this table's columns (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random heuristic and of the timed lookups")
-    p.add_argument(
-        "--measured-plans", type=int, metavar="K",
-        help="neuroshard: time the devices of the best K plans and the greedy heuristics' plans on this machine and keep "
-        "the fastest (default 4; 0: keep the cost models' best, as the NeuroShard paper)",
-    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random heuristic")
     p.set_defaults(handler=run)
 
     actions = p.add_subparsers(dest="plan_command", metavar="ACTION", required=False)
@@ -76,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.errors import DistrecError
-    from distrec.planner import SearchOptions, format_report, parse_constraints, plan_tables
+    from distrec.planner import format_report, parse_constraints, plan_tables
     from distrec.planner.store import load_cost_models
     from distrec.units import parse_bytes
 
@@ -90,8 +85,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     constraints = parse_constraints(args.pin, args.no_split)
     needs_models = args.algorithm == "neuroshard" or args.cost_models is not None
     models = load_cost_models(args.cost_models) if needs_models else None
-    options = None if args.measured_plans is None else SearchOptions(measured_plans=args.measured_plans)
-    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed, options=options)
+    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed)
     plan.save(args.output)
     print(format_report(report))
     keys = ("algorithm", "devices", "predicted_max_ms", "search_time_s", "cache_hit_rate")

@@ -9,8 +9,7 @@ from distrec.parallel.plan import ShardingPlan
 from distrec.planner.cost_models import CostModels
 from distrec.planner.emit import build_plan, device_tables, whole_tables
 from distrec.planner.heuristics import HEURISTICS, heuristic_placement
-from distrec.planner.measured import DeviceTimer, choose_measured
-from distrec.planner.search import NeuroShardSearch, Placement, SearchOptions, check_feasible
+from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
 from distrec.planner.types import PlanConstraints, TableSpec
 
 ALGORITHMS = ("neuroshard", *HEURISTICS)
@@ -39,13 +38,6 @@ def format_report(report: dict) -> str:
         lines.append(line)
     if predicted:
         lines.append(f"  predicted cost (max over devices): {report['predicted_max_ms']:.2f} ms")
-    measured = report.get("measured")
-    if measured:
-        which = "the cost models' best" if measured["kept"] == 0 else f"candidate {measured['kept']} by predicted cost"
-        lines.append(
-            f"  timed {measured['devices_timed']} devices of {measured['candidates']} candidate plans in {measured['time_s']:.1f} s; "
-            f"kept {which}: {measured['max_ms']:.2f} ms with measured compute"
-        )
     if "cache_hit_rate" in report:
         lines.append(f"  cost cache hit rate {report['cache_hit_rate']:.1%} over {report['states_evaluated']} split choices")
     if "cost_models_hardware" in report:
@@ -75,16 +67,12 @@ def plan_tables(
         algorithm: one of ``ALGORITHMS``.
         constraints: pins and no-split tables.
         seed: seed of the random heuristic.
-        options: NeuroShard search options (the paper's, and the best 4 plans timed on this
-            machine: ``distrec.planner.measured``).
+        options: NeuroShard search options (paper defaults).
 
     Returns:
         (plan, report): the validated ShardingPlan, and a JSON-ready dict with the algorithm,
-        the search time (s, with the timing), bytes per device, predicted per-device costs
-        (ms) and, for neuroshard, the cache hit rate, the chunk sets evaluated and, when
-        candidates were timed, ``measured``: how many, which was kept (0: the models' best),
-        device timings run, their time (s), and the kept plan's per-device costs with
-        measured compute (ms).
+        the search time (s), bytes per device, predicted per-device costs (ms) and, for
+        neuroshard, the cache hit rate and the chunk sets evaluated.
 
     Example:
         >>> plan, report = plan_tables(tables, 4, 64 * 2**20, algorithm="size-greedy")
@@ -105,23 +93,9 @@ def plan_tables(
     if algorithm == "neuroshard":
         if cost_models is None:
             raise DistrecError("the neuroshard algorithm needs cost models; train them with 'distrec plan train-cost-models'")
-        predictor = cost_models.predictor(devices)
-        result = NeuroShardSearch(tables, devices, memory_per_device, predictor, constraints, options).run()
-        chosen: Placement = result
+        result = NeuroShardSearch(tables, devices, memory_per_device, cost_models.predictor(devices), constraints, options).run()
+        plan = build_plan(tables, result.chunks, result.device_of, devices)
         report.update(cache_hit_rate=result.cache_hit_rate, states_evaluated=result.states)
-        if result.runners_up:
-            candidates = [result, *result.runners_up]
-            choice = choose_measured(candidates, tables, predictor, DeviceTimer(cost_models.batch_size, seed=seed))
-            chosen = candidates[choice.index]
-            report["measured"] = {
-                "candidates": choice.candidates,
-                "kept": choice.index,
-                "devices_timed": choice.devices_timed,
-                "time_s": choice.seconds,
-                "ms": {k: v.tolist() for k, v in choice.costs.items()},
-                "max_ms": choice.max_cost,
-            }
-        plan = build_plan(tables, chosen.chunks, chosen.device_of, devices)
     else:
         device_of = heuristic_placement(tables, devices, memory_per_device, algorithm, constraints, seed)
         plan = build_plan(tables, whole_tables(tables), device_of, devices)

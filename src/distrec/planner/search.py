@@ -49,9 +49,6 @@ class SearchOptions:
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
         heuristic_placements: also score the greedy heuristics' placements of every chunk set.
-        measured_plans: how many of the best predicted plans, plus the greedy heuristics'
-            plans of the whole tables, ``distrec.planner.measured`` times on this machine to
-            choose among; 0 keeps the plan the cost models rank best (the paper's planner).
     """
 
     beam_width: int = 3
@@ -62,25 +59,22 @@ class SearchOptions:
     grid_search: bool = True
     use_cache: bool = True
     heuristic_placements: bool = True
-    measured_plans: int = 4
 
     def __post_init__(self) -> None:
-        if min(self.beam_width, self.candidates, self.grid_points) < 1 or min(self.max_steps, self.measured_plans) < 0 or self.grid_max < 1:
+        if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
             raise DistrecError(
                 f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, "
-                "steps and measured plans >= 0 and the grid maximum >= 1"
+                "steps >= 0 and the grid maximum >= 1"
             )
 
     @classmethod
     def ablation(cls, name: str) -> SearchOptions:
-        """``full``, ``no-measure`` (the cost models' best plan, unmeasured), and without
-        measuring also ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
+        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
         variants = {
             "full": cls(),
-            "no-measure": cls(measured_plans=0),
-            "no-beam": cls(beam_width=1, measured_plans=0),
-            "no-grid": cls(grid_search=False, measured_plans=0),
-            "no-cache": cls(use_cache=False, measured_plans=0),
+            "no-beam": cls(beam_width=1),
+            "no-grid": cls(grid_search=False),
+            "no-cache": cls(use_cache=False),
         }
         if name not in variants:
             raise DistrecError(f"unknown search variant {name!r}; choose one of: {', '.join(variants)}")
@@ -88,42 +82,33 @@ class SearchOptions:
 
 
 @dataclass
-class Placement:
-    """Column chunks, the rank of each, and the predicted per-device costs (ms): compute,
-    bw_comm, fw_comm, total."""
+class SearchResult:
+    """The best placement found and how the search went.
+
+    Attributes:
+        chunks: the column chunks of the plan.
+        device_of: the rank of every chunk.
+        costs: per-device predicted costs (ms): compute, bw_comm, fw_comm, total.
+        search_time_s: wall time of the search.
+        cache_lookups, cache_hits: device compute costs asked for, and found in the cache.
+        states: chunk sets (split choices) evaluated.
+    """
 
     chunks: list[Chunk]
     device_of: list[int]
     costs: dict[str, np.ndarray]
-
-    @property
-    def max_cost(self) -> float:
-        return float(self.costs["total"].max())
-
-
-@dataclass
-class SearchResult(Placement):
-    """The best placement found (its chunks, their ranks, its predicted costs) and how the
-    search went.
-
-    Attributes:
-        search_time_s: wall time of the search.
-        cache_lookups, cache_hits: device compute costs asked for, and found in the cache.
-        states: chunk sets (split choices) evaluated.
-        runners_up: with ``measured_plans`` > 0, the next best distinct placements by
-            predicted cost (up to ``measured_plans`` - 1) and the greedy heuristics' placements
-            of the whole tables, the candidates ``distrec.planner.measured`` times.
-    """
-
     search_time_s: float
     cache_lookups: int = 0
     cache_hits: int = 0
     states: int = 0
-    runners_up: list[Placement] = field(default_factory=list)
 
     @property
     def cache_hit_rate(self) -> float:
         return self.cache_hits / self.cache_lookups if self.cache_lookups else 0.0
+
+    @property
+    def max_cost(self) -> float:
+        return float(self.costs["total"].max())
 
 
 def narrowest_shard(table: TableSpec, splittable: bool) -> int:
@@ -257,7 +242,8 @@ class NeuroShardSearch:
         decreasing bin packing does, so that a state that fits is rarely lost.
         """
         opts = self.options
-        info, sizes = self._state_info(state)
+        info = [self._chunk(c.table, c.dim) for c in state]
+        sizes = [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in state]
         by_cost = sorted(range(len(state)), key=lambda i: (-info[i].cost, -sizes[i], i))
         mean_dim = sum(c.dim for c in state) / self.num_devices
         bounds = mean_dim * np.linspace(1.0, opts.grid_max, opts.grid_points) if opts.grid_search else [math.inf]
@@ -267,7 +253,7 @@ class NeuroShardSearch:
             if ev.cost < best.cost:
                 best = ev
         if opts.heuristic_placements:
-            heuristic = min(self._heuristic_placements(state, info, sizes), key=lambda ev: ev.cost)
+            heuristic = self._heuristic_placement(state, info, sizes)
             if heuristic.cost < best.cost:
                 best = heuristic
         if best.device_of is None:
@@ -275,17 +261,15 @@ class NeuroShardSearch:
             best = self._place(state, info, sizes, by_size, math.inf)
         return best
 
-    def _state_info(self, state: State) -> tuple[list[_ChunkInfo], list[int]]:
-        """The chunks' cost-model information and their bytes."""
-        return [self._chunk(c.table, c.dim) for c in state], [self.tables[c.table].num_rows * c.dim * BYTES_PER_FLOAT for c in state]
-
-    def _heuristic_placements(self, state: State, info: list[_ChunkInfo], sizes: list[int]) -> list[_Evaluation]:
-        """The greedy heuristics' placements of ``state`` (``GREEDY_COSTS`` order), scored by the cost models."""
-        placements = []
+    def _heuristic_placement(self, state: State, info: list[_ChunkInfo], sizes: list[int]) -> _Evaluation:
+        """The best, by the search's cost, of the greedy heuristics' placements of ``state``."""
+        best = _Evaluation(math.inf)
         for p in range(len(GREEDY_COSTS)):
             loads = [x.proxies[p] for x in info]
-            placements.append(self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads))
-        return placements
+            ev = self._place(state, info, sizes, sorted(range(len(state)), key=lambda i: (-loads[i], i)), math.inf, loads)
+            if ev.cost < best.cost:
+                best = ev
+        return best
 
     def _place(
         self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
@@ -347,32 +331,11 @@ class NeuroShardSearch:
         by_cost = sorted(splittable, key=lambda i: (-self._chunk(state[i].table, state[i].dim).cost, i))[:n]
         return sorted(set(by_size) | set(by_cost))
 
-    def _placement(self, state: State, ev: _Evaluation) -> Placement:
-        """A placed chunk set with its predicted per-device costs."""
-        dim_sums = np.zeros(self.num_devices)
-        np.add.at(dim_sums, ev.device_of, [c.dim for c in state])
-        return Placement(list(state), ev.device_of, self.predictor.plan_costs(np.array(ev.device_compute), dim_sums))
-
-    def _runners_up(self, evaluated: list[tuple[State, _Evaluation]], root: State, best: tuple[State, _Evaluation]) -> list[Placement]:
-        """Placements other than ``best``: the best ones of the next chunk sets by predicted cost
-        (``measured_plans`` - 1 of them) and the greedy heuristics' of the ``root`` chunk set,
-        cheapest predicted first."""
-        if self.options.measured_plans == 0:
-            return []
-        ranked = sorted((x for x in evaluated if x[1].device_of is not None), key=lambda x: x[1].cost)
-        heuristics = [(root, ev) for ev in self._heuristic_placements(root, *self._state_info(root)) if ev.device_of is not None]
-        distinct = {}
-        for state, ev in [best, *ranked[: self.options.measured_plans], *heuristics]:
-            distinct.setdefault((state, tuple(ev.device_of)), (state, ev))
-        others = sorted(list(distinct.values())[1:], key=lambda x: x[1].cost)  # the first is ``best``
-        return [self._placement(state, ev) for state, ev in others]
-
     def run(self) -> SearchResult:
         """Search, and return the best placement found (DistrecError if none fits)."""
         start = time.perf_counter()
         root = self._mandatory_splits()
         best_state, best = root, self._evaluate(root)
-        evaluated = [(root, best)]
         seen = {root}
         beam = [(best.cost, root)]
         for _ in range(self.options.max_steps):
@@ -385,7 +348,6 @@ class NeuroShardSearch:
                     seen.add(child)
                     ev = self._evaluate(child)
                     children.append((ev.cost, child))
-                    evaluated.append((child, ev))
                     if ev.cost < best.cost:
                         best_state, best = child, ev
             if not children:
@@ -396,8 +358,9 @@ class NeuroShardSearch:
                 f"no placement of the tables fits {self.num_devices} devices of {self.memory / 2**20:.1f} MiB; "
                 "use more devices, more memory, or fewer pins and no-split constraints"
             )
-        chosen = self._placement(best_state, best)
-        runners_up = self._runners_up(evaluated, root, (best_state, best))
+        dim_sums = np.zeros(self.num_devices)
+        np.add.at(dim_sums, best.device_of, [c.dim for c in best_state])
+        costs = self.predictor.plan_costs(np.array(best.device_compute), dim_sums)
         return SearchResult(
-            chosen.chunks, chosen.device_of, chosen.costs, time.perf_counter() - start, self.cache_lookups, self.cache_hits, len(seen), runners_up
+            list(best_state), best.device_of, costs, time.perf_counter() - start, self.cache_lookups, self.cache_hits, len(seen)
         )
