@@ -7,18 +7,19 @@ sparse gradient, indices x dim floats, tens of MB for 4096 bags; its coalesced c
 serves a block above its mmap threshold (128 KiB to 32 MiB, adapting) with a fresh ``mmap``
 and returns it with ``munmap`` on free, so every step pays the kernel to map and zero the
 same pages again, and how often depends on the allocator's history: one device's step took
-22 or 45 ms from one step to the next, and the busiest device of an 8-device task 135 ms
-with 44,000 page faults per step against 48 ms with freed memory kept
+22 or 45 ms from one step to the next, and the busiest device of an 8-device task 145 ms
+with 44,000 page faults per step against 57 ms and 1,000 faults with freed memory kept
 (``benchmarks/allocator.py``). A cost model trained on such times learns the allocator's
 moods. ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
 and freed ones stay there, as LD_PRELOADing jemalloc or tcmalloc would, without another
-library. distrec's own training step keeps its buffers and gains nothing from it (same
-benchmark), so only the planner's measuring processes call it.
+library. distrec's own training step keeps its buffers and gained nothing from it (0.95x,
+same benchmark), so only the planner's measuring processes call it.
 
 The price is resident memory: freed heap (up to ``RETAINED_BYTES``) is kept rather than
 returned, and during the first steps the heap grows past the working set, since a freed
 block is a little too small for the next aligned one of its size until several have
-coalesced (eight 64 MiB blocks before a ninth is served from freed memory). Set ``DISTREC_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
+coalesced (eight 64 MiB blocks before a ninth is served from freed memory). Set
+``DISTREC_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
 """
 
 from __future__ import annotations

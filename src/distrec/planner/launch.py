@@ -33,7 +33,6 @@ def spawn_group(fn: Callable, world_size: int, device_type: str, args: tuple = (
 
 def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, threads: int, args: tuple) -> None:
     keep_freed_memory()
-    keep_freed_memory()
     device = rank_device(device_type, rank)
     if device.type != "cpu":
         torch.accelerator.set_device_index(rank)
