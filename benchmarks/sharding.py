@@ -157,6 +157,7 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
     rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
     strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the hardest to beat
     pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
+    details = plan_details(jobs, job_of, costs, planned)
     summary = {
         "devices": devices,
         "max_dim": max_dim,
@@ -170,8 +171,9 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
         "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard"),
+        "pairs_ordered_as_executed": pairs_ordered_as_executed(details),
         "algorithms": algorithms,
-        "plans": plan_details(jobs, job_of, costs, planned),
+        "plans": details,
     }
     return summary, pairs
 
@@ -191,6 +193,23 @@ def plan_details(jobs: list, job_of: dict[tuple[int, str], int], costs: list[dic
         }
         for job, keys in enumerate(variants)
     ]
+
+
+def pairs_ordered_as_executed(plans: list[dict], tie: float = 0.02) -> float | None:
+    """Of the pairs of one task's executed plans whose costs differ by more than ``tie``
+    (relative), the fraction the cost models' predicted costs order the same way: how well
+    the models rank the plans a search chooses between (1 = always right, 0.5 = a coin)."""
+    by_task: dict[int, list[tuple[float, float]]] = {}
+    for p in plans:
+        if p["predicted_ms"] is not None:
+            by_task.setdefault(p["task"], []).append((max(p["predicted_ms"]["total"]), max(p["executed_ms"]["total"])))
+    agree = []
+    for costs in by_task.values():
+        for i, (pred_a, real_a) in enumerate(costs):
+            for pred_b, real_b in costs[i + 1 :]:
+                if abs(real_a - real_b) > tie * max(real_a, real_b):
+                    agree.append((pred_a < pred_b) == (real_a < real_b))
+    return statistics.fmean(agree) if agree else None
 
 
 def search_time_ratio(planned: list[dict], slow: str, fast: str) -> float | None:
@@ -216,6 +235,7 @@ def markdown_table(settings: list[dict]) -> str:
         "ablations ms (no beam / no grid)",
         "search s (full / no beam / no grid)",
         "no cache: search time x",
+        "plan pairs ordered as executed",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in settings:
@@ -224,7 +244,7 @@ def markdown_table(settings: list[dict]) -> str:
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
         ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
         search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
-        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f")]) + " |")
+        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f"), fmt(s["pairs_ordered_as_executed"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -263,7 +283,8 @@ def main() -> None:
                 f"D={devices} max_dim={max_dim}: "
                 + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
                 + "; NeuroShard/baseline on shared tasks: "
-                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS),
+                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS)
+                + f"; plan pairs the cost models order as executed: {fmt(summary['pairs_ordered_as_executed'], '.2f')}",
                 flush=True,
             )
     predicted, executed = np.array(pairs).T if pairs else (np.zeros(0), np.zeros(0))

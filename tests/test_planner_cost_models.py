@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrec.errors import DistrecError
-from distrec.planner.cost_models import ENSEMBLE_SIZE, CostModels, train_cost_models
+from distrec.planner.cost_models import ENSEMBLE_SIZE, CommCostNet, ComputeCostNet, ComputeEnsemble, CostModels, comm_inputs, train_cost_models
 from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.table_pool import make_table_pool
 from distrec.planner.types import TableSpec
@@ -63,6 +63,23 @@ def test_forward_comm_model_learns_the_start_delays(tmp_path):
     costs = predictor.plan_costs(np.array([0.0, 15.0]), np.array([300, 300]))  # device 1 starts 15 ms late
     assert costs["fw_comm"][0] - costs["fw_comm"][1] == pytest.approx(15.0, abs=3.0)
     assert costs["bw_comm"] == pytest.approx([2.4, 2.4], abs=0.5)  # 0.004 ms per column
+
+
+def test_comm_models_treat_devices_alike(tmp_path):
+    torch.manual_seed(0)
+    fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
+    dims, delays = np.array([[40.0, 300.0, 120.0, 8.0, 64.0]]), np.array([[3.0, 0.0, 11.0, 5.0, 2.0]])
+    for net, inputs in ((fw, comm_inputs(dims, delays)), (bw, comm_inputs(dims))):
+        net.set_statistics(torch.from_numpy(inputs[0]), torch.ones(1))
+    predictor = CostModels(ComputeEnsemble([ComputeCostNet()]), {5: (fw, bw)}, 256, {}).predictor(5)
+    costs = predictor.plan_costs(np.array([1.0, 9.0, 4.0, 0.0, 2.0]), dims[0])
+    with torch.no_grad():
+        assert costs["bw_comm"] == pytest.approx(bw(torch.from_numpy(comm_inputs(dims)))[0].numpy(), rel=1e-5)
+    order = np.array([3, 0, 4, 1, 2])
+    permuted = predictor.plan_costs(np.array([1.0, 9.0, 4.0, 0.0, 2.0])[order], dims[0][order])
+    assert np.ptp(costs["bw_comm"]) > 0  # devices with other dims cost differently...
+    for part in ("bw_comm", "fw_comm", "total"):  # ...and a device's cost does not depend on its number
+        assert permuted[part] == pytest.approx(costs[part][order])
 
 
 def test_wrong_format_and_mixed_hardware_are_user_errors(tmp_path):

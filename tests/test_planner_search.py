@@ -21,7 +21,7 @@ SHORT = SearchOptions(max_steps=3, grid_points=5)  # keeps the tests fast
 def untrained_cost_models(devices: int, seed: int = 0) -> CostModels:
     """Randomly initialised nets: enough to drive the search deterministically."""
     torch.manual_seed(seed)
-    return CostModels(ComputeEnsemble([ComputeCostNet()]), {devices: (CommCostNet(2 * devices, devices), CommCostNet(devices, devices))}, 1024, {})
+    return CostModels(ComputeEnsemble([ComputeCostNet()]), {devices: (CommCostNet.forward_model(), CommCostNet.backward_model())}, 1024, {})
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_neuroshard_is_never_predicted_worse_than_a_greedy_heuristic(models):
 
 def test_a_column_split_is_never_predicted_cheaper_than_the_whole_table():
     torch.manual_seed(2)
-    models = CostModels(ComputeEnsemble([ComputeCostNet() for _ in range(3)]), {4: (CommCostNet(8, 4), CommCostNet(4, 4))}, 1024, {})
+    models = CostModels(ComputeEnsemble([ComputeCostNet() for _ in range(3)]), {4: (CommCostNet.forward_model(), CommCostNet.backward_model())}, 1024, {})
     predictor = models.predictor(4)
     pool = make_table_pool(seed=0)
     tables = [pool.table(i, 64, f"t{i}") for i in range(40)]

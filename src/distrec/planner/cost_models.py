@@ -12,9 +12,18 @@
   single net's best plans of 8-device tasks were 15-21% cheaper than lookup-greedy's by its
   own prediction, and from 10% cheaper to 12% dearer by two nets of other seeds); averaging
   cancels much of that variance.
-- Communication: MLPs (in -> 128 -> 64 -> 32 -> 16 -> D) predict every device's all-to-all
-  time (ms) from the devices' summed output dimensions (backward) plus their start delays
-  (forward). One pair per world size D. A forward all-to-all cannot finish before the last
+- Communication: one MLP per direction (in -> 128 -> 64 -> 32 -> 16 -> 1), shared by the
+  devices, predicts a device's all-to-all time (ms) from its own summed output dimension
+  and the mean and maximum over the devices (``comm_inputs``; the forward model also from
+  its start delay and the mean and maximum delay). One pair per world size D. Devices are
+  interchangeable, so the model is too: permuting the devices permutes the predictions,
+  and every sample teaches the shared net D times. A net over all devices' inputs at once
+  (NeuroShard's) predicted different costs for the same dimension sums in another order;
+  on the executed plans of ``benchmarks/sharding.py`` (seeds 0 and 1, 8 settings) its
+  predicted all-to-all time beyond the slowest device's compute did not correlate with
+  the executed one within a task (mean correlation -0.01), and the shared net's ranks the
+  plans of a task right more often (pairs ordered as executed: 0.79-0.91 -> 0.83-0.92 per
+  setting, in no setting fewer). A forward all-to-all cannot finish before the last
   device has started, so a device's forward time is its wait for the latest start
   (``start_wait_ms``, known exactly) plus what the forward model predicts: the learned part
   is the transfer, not a max over inputs that an MLP fits poorly from a few hundred samples.
@@ -44,7 +53,7 @@ from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.launch import intra_op_threads
 from distrec.planner.types import TableSpec
 
-COST_MODEL_FORMAT = 4
+COST_MODEL_FORMAT = 5
 TABLE_MLP = (128, 32)
 ENSEMBLE_SIZE = 5
 COMM_MLP = (128, 64, 32, 16)
@@ -146,16 +155,52 @@ class ComputeEnsemble(nn.Module):
         return torch.stack([m(features, group, num_groups) for m in self.members]).mean(dim=0)
 
 
-class CommCostNet(_Standardised):
-    """Predicts every device's all-to-all time (ms) from per-device inputs (dims, delays)."""
+COMM_INPUT_NAMES = ("dim_sum", "mean_dim_sum", "max_dim_sum")
+DELAY_INPUT_NAMES = ("delay", "mean_delay", "max_delay")
 
-    def __init__(self, num_inputs: int, num_devices: int) -> None:
+
+def comm_inputs(dim_sums: np.ndarray, delays_ms: np.ndarray | None = None) -> np.ndarray:
+    """Every device's inputs to a communication model: float32 [..., D, F].
+
+    Args:
+        dim_sums: summed output dimensions [..., D].
+        delays_ms: start delays [..., D] for the forward model (taken relative to the
+            earliest start), None for the backward model.
+
+    Returns:
+        Per device ``COMM_INPUT_NAMES`` (its dimension sum, the mean and the maximum over
+        devices), followed with delays by ``DELAY_INPUT_NAMES`` likewise.
+    """
+    columns = [np.asarray(dim_sums, dtype=np.float64)]
+    if delays_ms is not None:
+        delays = np.asarray(delays_ms, dtype=np.float64)
+        columns.append(delays - delays.min(-1, keepdims=True))
+    out = []
+    for x in columns:
+        out += [x, np.broadcast_to(x.mean(-1, keepdims=True), x.shape), np.broadcast_to(x.max(-1, keepdims=True), x.shape)]
+    return np.stack(out, axis=-1).astype(np.float32)
+
+
+class CommCostNet(_Standardised):
+    """Predicts a device's all-to-all time (ms) from its ``comm_inputs`` row; shared by the devices."""
+
+    def __init__(self, num_inputs: int) -> None:
         super().__init__(num_inputs)
-        self.mlp = _mlp((num_inputs, *COMM_MLP, num_devices), final_relu=False)
+        self.mlp = _mlp((num_inputs, *COMM_MLP, 1), final_relu=False)
+
+    @classmethod
+    def forward_model(cls) -> CommCostNet:
+        """A net for the forward all-to-all (dimension and delay inputs)."""
+        return cls(len(COMM_INPUT_NAMES) + len(DELAY_INPUT_NAMES))
+
+    @classmethod
+    def backward_model(cls) -> CommCostNet:
+        """A net for the backward all-to-all (dimension inputs)."""
+        return cls(len(COMM_INPUT_NAMES))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x float [b, inputs] -> [b, devices] ms."""
-        return self.mlp(self.standardise(x)) * self.target_scale
+        """x float [b, D, inputs] -> [b, D] ms."""
+        return self.mlp(self.standardise(x)).squeeze(-1) * self.target_scale
 
 
 @dataclass
@@ -212,7 +257,7 @@ class CostModels:
         compute.load_state_dict(state["compute"])
         comm = {}
         for d, (fw_state, bw_state) in state["comm"].items():
-            fw, bw = CommCostNet(2 * int(d), int(d)), CommCostNet(int(d), int(d))
+            fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
             fw.load_state_dict(fw_state)
             bw.load_state_dict(bw_state)
             comm[int(d)] = (fw, bw)
@@ -289,9 +334,9 @@ class CostPredictor:
         """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
         compute_ms = np.asarray(compute_ms, dtype=np.float64)
         dims = np.asarray(dim_sums, dtype=np.float64)
-        bw = self._comm(self._bw_layers, self._bw_scaling, dims)
+        bw = self._comm(self._bw_layers, self._bw_scaling, comm_inputs(dims))
         ready = compute_ms + bw
-        fw = self._comm(self._fw_layers, self._fw_scaling, np.concatenate([dims, ready - ready.min()])) + start_wait_ms(ready)
+        fw = self._comm(self._fw_layers, self._fw_scaling, comm_inputs(dims, ready)) + start_wait_ms(ready)
         return {"compute": compute_ms, "bw_comm": bw, "fw_comm": fw, "total": compute_ms + bw + fw}
 
     def placement_costs(self, device_tables: list[list[TableSpec]]) -> dict[str, np.ndarray]:
@@ -302,8 +347,9 @@ class CostPredictor:
         return self.plan_costs(compute, np.array([sum(t.dim for t in ts) for ts in device_tables]))
 
     @staticmethod
-    def _comm(layers, scaling: _Scaling, x: np.ndarray) -> np.ndarray:
-        return _run_numpy(layers, scaling.standardise(x)[None, :])[0] * scaling.target_scale
+    def _comm(layers, scaling: _Scaling, inputs: np.ndarray) -> np.ndarray:
+        """[D] ms from one plan's ``comm_inputs`` [D, F]."""
+        return _run_numpy(layers, scaling.standardise(inputs.astype(np.float64)))[:, 0] * scaling.target_scale
 
 
 # ----------------------------------------------------------------------------- training
@@ -330,7 +376,7 @@ class _ComputeData:
 
 @dataclass
 class _CommData:
-    inputs: torch.Tensor  # [samples, inputs]
+    inputs: torch.Tensor  # [samples, devices, inputs]
     targets: torch.Tensor  # [samples, devices]
 
     def __len__(self) -> int:
@@ -523,15 +569,18 @@ def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epoch
     comm = {}
     for d in sorted({r["world_size"] for r in comm_recs}):
         recs = [r for r in comm_recs if r["world_size"] == d]
-        dims = torch.tensor([r["dim_sums"] for r in recs], dtype=torch.float32)
-        delays = torch.tensor([r["delays_ms"] for r in recs], dtype=torch.float32)
+        dims = np.array([r["dim_sums"] for r in recs], dtype=np.float64)
+        delays = np.array([r["delays_ms"] for r in recs], dtype=np.float64)
         nets = []
         wait = start_wait_ms(delays)
-        for direction, inputs, known in (("fw", torch.cat([dims, delays], dim=1), wait), ("bw", dims, torch.zeros_like(dims))):
+        for direction, net, inputs, known in (
+            ("fw", CommCostNet.forward_model(), comm_inputs(dims, delays), wait),
+            ("bw", CommCostNet.backward_model(), comm_inputs(dims), np.zeros_like(dims)),
+        ):
             # the forward model learns the time beyond the known wait (its metrics are of that part)
-            data = _CommData(inputs, torch.tensor([r[f"{direction}_ms"] for r in recs], dtype=torch.float32) - known)
-            net = CommCostNet(inputs.shape[1], d)
-            net.set_statistics(data.inputs, data.targets)
+            measured = np.array([r[f"{direction}_ms"] for r in recs], dtype=np.float64)
+            data = _CommData(torch.from_numpy(inputs), torch.from_numpy(measured - known).float())
+            net.set_statistics(data.inputs.flatten(0, 1), data.targets)
             metrics[f"{direction}_comm_{d}"] = fit(net, data, seed, epochs, patience)
             nets.append(net)
         comm[d] = (nets[0], nets[1])
