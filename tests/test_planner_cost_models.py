@@ -70,11 +70,11 @@ def test_comm_models_treat_devices_alike(tmp_path):
     fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
     dims, delays = np.array([[40.0, 300.0, 120.0, 8.0, 64.0]]), np.array([[3.0, 0.0, 11.0, 5.0, 2.0]])
     for net, inputs in ((fw, comm_inputs(dims, delays)), (bw, comm_inputs(dims))):
-        net.set_statistics(torch.from_numpy(inputs[0]), torch.ones(1))
+        net.set_statistics(torch.from_numpy(inputs[0]).float(), torch.ones(1))
     predictor = CostModels(ComputeEnsemble([ComputeCostNet()]), {5: (fw, bw)}, 256, {}).predictor(5)
     costs = predictor.plan_costs(np.array([1.0, 9.0, 4.0, 0.0, 2.0]), dims[0])
     with torch.no_grad():
-        assert costs["bw_comm"] == pytest.approx(bw(torch.from_numpy(comm_inputs(dims)))[0].numpy(), rel=1e-5)
+        assert costs["bw_comm"] == pytest.approx(bw(torch.from_numpy(comm_inputs(dims)).float())[0].numpy(), rel=1e-5)
     order = np.array([3, 0, 4, 1, 2])
     permuted = predictor.plan_costs(np.array([1.0, 9.0, 4.0, 0.0, 2.0])[order], dims[0][order])
     assert np.ptp(costs["bw_comm"]) > 0  # devices with other dims cost differently...

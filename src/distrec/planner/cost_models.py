@@ -17,13 +17,13 @@
   and the mean and maximum over the devices (``comm_inputs``; the forward model also from
   its start delay and the mean and maximum delay). One pair per world size D. Devices are
   interchangeable, so the model is too: permuting the devices permutes the predictions,
-  and every sample teaches the shared net D times. A net over all devices' inputs at once
-  (NeuroShard's) predicted different costs for the same dimension sums in another order;
-  on the executed plans of ``benchmarks/sharding.py`` (seeds 0 and 1, 8 settings) its
-  predicted all-to-all time beyond the slowest device's compute did not correlate with
-  the executed one within a task (mean correlation -0.01), and the shared net's ranks the
-  plans of a task right more often (pairs ordered as executed: 0.79-0.91 -> 0.83-0.92 per
-  setting, in no setting fewer). A forward all-to-all cannot finish before the last
+  and every sample teaches the shared net D times. NeuroShard's net over all devices'
+  inputs at once predicts other costs for the same dimension sums in another order.
+  Re-predicting the executed plans of ``benchmarks/sharding.py`` (seeds 0 and 1, 8
+  settings), its all-to-all time beyond the slowest device's compute had a mean
+  within-task correlation of -0.01 with the executed one, the shared net's 0.10, and the
+  share of a task's plan pairs ordered as executed rose from 0.79-0.91 to 0.83-0.92 per
+  setting (in none fewer). A forward all-to-all cannot finish before the last
   device has started, so a device's forward time is its wait for the latest start
   (``start_wait_ms``, known exactly) plus what the forward model predicts: the learned part
   is the transfer, not a max over inputs that an MLP fits poorly from a few hundred samples.
@@ -160,7 +160,7 @@ DELAY_INPUT_NAMES = ("delay", "mean_delay", "max_delay")
 
 
 def comm_inputs(dim_sums: np.ndarray, delays_ms: np.ndarray | None = None) -> np.ndarray:
-    """Every device's inputs to a communication model: float32 [..., D, F].
+    """Every device's inputs to a communication model: float64 [..., D, F].
 
     Args:
         dim_sums: summed output dimensions [..., D].
@@ -171,14 +171,17 @@ def comm_inputs(dim_sums: np.ndarray, delays_ms: np.ndarray | None = None) -> np
         Per device ``COMM_INPUT_NAMES`` (its dimension sum, the mean and the maximum over
         devices), followed with delays by ``DELAY_INPUT_NAMES`` likewise.
     """
-    columns = [np.asarray(dim_sums, dtype=np.float64)]
+    dims = np.asarray(dim_sums, dtype=np.float64)
+    sources = [dims]
     if delays_ms is not None:
         delays = np.asarray(delays_ms, dtype=np.float64)
-        columns.append(delays - delays.min(-1, keepdims=True))
-    out = []
-    for x in columns:
-        out += [x, np.broadcast_to(x.mean(-1, keepdims=True), x.shape), np.broadcast_to(x.max(-1, keepdims=True), x.shape)]
-    return np.stack(out, axis=-1).astype(np.float32)
+        sources.append(delays - delays.min(-1, keepdims=True))
+    out = np.empty((*dims.shape, 3 * len(sources)))
+    for k, x in enumerate(sources):
+        out[..., 3 * k] = x
+        out[..., 3 * k + 1] = x.mean(-1, keepdims=True)
+        out[..., 3 * k + 2] = x.max(-1, keepdims=True)
+    return out
 
 
 class CommCostNet(_Standardised):
@@ -349,7 +352,7 @@ class CostPredictor:
     @staticmethod
     def _comm(layers, scaling: _Scaling, inputs: np.ndarray) -> np.ndarray:
         """[D] ms from one plan's ``comm_inputs`` [D, F]."""
-        return _run_numpy(layers, scaling.standardise(inputs.astype(np.float64)))[:, 0] * scaling.target_scale
+        return _run_numpy(layers, scaling.standardise(inputs))[:, 0] * scaling.target_scale
 
 
 # ----------------------------------------------------------------------------- training
@@ -579,7 +582,7 @@ def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epoch
         ):
             # the forward model learns the time beyond the known wait (its metrics are of that part)
             measured = np.array([r[f"{direction}_ms"] for r in recs], dtype=np.float64)
-            data = _CommData(torch.from_numpy(inputs), torch.from_numpy(measured - known).float())
+            data = _CommData(torch.from_numpy(inputs).float(), torch.from_numpy(measured - known).float())
             net.set_statistics(data.inputs.flatten(0, 1), data.targets)
             metrics[f"{direction}_comm_{d}"] = fit(net, data, seed, epochs, patience)
             nets.append(net)
