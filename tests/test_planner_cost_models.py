@@ -65,7 +65,7 @@ def test_forward_comm_model_learns_the_start_delays(tmp_path):
     assert costs["bw_comm"] == pytest.approx([2.4, 2.4], abs=0.5)  # 0.004 ms per column
 
 
-def test_comm_models_treat_devices_alike(tmp_path):
+def test_comm_models_treat_devices_alike():
     torch.manual_seed(0)
     fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
     dims, delays = np.array([[40.0, 300.0, 120.0, 8.0, 64.0]]), np.array([[3.0, 0.0, 11.0, 5.0, 2.0]])
