@@ -10,9 +10,10 @@ from distrec.planner.cost_models import CostModels
 from distrec.planner.emit import build_plan, device_tables, whole_tables
 from distrec.planner.heuristics import HEURISTICS, heuristic_placement
 from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
+from distrec.planner.torchrec_planner import torchrec_plan
 from distrec.planner.types import PlanConstraints, TableSpec
 
-ALGORITHMS = ("neuroshard", *HEURISTICS)
+ALGORITHMS = ("neuroshard", *HEURISTICS, "torchrec")
 
 
 def parse_constraints(pins: list[str] | None = None, no_split: list[str] | None = None) -> PlanConstraints:
@@ -63,8 +64,8 @@ def plan_tables(
         devices: number of ranks.
         memory_per_device: bytes of table weights each rank may hold.
         cost_models: trained cost models; needed by neuroshard, optional for the heuristics
-            (then the report also holds their predicted costs).
-        algorithm: one of ``ALGORITHMS``.
+            and torchrec (then the report also holds their predicted costs).
+        algorithm: one of ``ALGORITHMS`` (``torchrec`` needs the optional torchrec extra).
         constraints: pins and no-split tables.
         seed: seed of the random heuristic.
         options: NeuroShard search options (paper defaults).
@@ -96,6 +97,8 @@ def plan_tables(
         result = NeuroShardSearch(tables, devices, memory_per_device, cost_models.predictor(devices), constraints, options).run()
         plan = build_plan(tables, result.chunks, result.device_of, devices)
         report.update(cache_hit_rate=result.cache_hit_rate, states_evaluated=result.states)
+    elif algorithm == "torchrec":
+        plan = torchrec_plan(tables, devices, memory_per_device, constraints)
     else:
         device_of = heuristic_placement(tables, devices, memory_per_device, algorithm, constraints, seed)
         plan = build_plan(tables, whole_tables(tables), device_of, devices)
