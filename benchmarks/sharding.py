@@ -3,7 +3,8 @@
 For each (devices, max dimension) setting, sharding tasks are drawn from the synthetic
 DLRM table pool (``distrec.planner.table_pool``: 4 devices take 10-60 tables, 8 devices
 20-120, dims max_dim, max_dim/2, ... >= 4, a scaled 4 GB per device). Every algorithm plans
-every task; a plan that does not fit the memory is a failure. Each plan is then *executed*
+every task (TorchRec's planner too, where the torchrec extra is installed); a plan that
+does not fit the memory is a failure. Each plan is then *executed*
 (``distrec.planner.execute``): the real embedding lookups with their backward and update on
 every rank, and the real forward/backward all-to-alls of the pooled outputs across D gloo
 processes (NCCL on GPUs). A plan's cost is the maximum over devices of compute + all-to-alls.
@@ -58,9 +59,11 @@ from distrec.planner.heuristics import HEURISTICS
 from distrec.planner.search import SearchOptions
 from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
+from distrec.planner.torchrec_planner import torchrec_available
 
 ABLATIONS = ("no-beam", "no-grid", "no-cache")
-VARIANTS = ("neuroshard", *HEURISTICS, *(f"neuroshard-{a}" for a in ABLATIONS))
+BASELINES = (*HEURISTICS, "torchrec") if torchrec_available() else HEURISTICS  # TorchRec's planner where it is installed
+VARIANTS = ("neuroshard", *BASELINES, *(f"neuroshard-{a}" for a in ABLATIONS))
 
 
 def parse_args() -> argparse.Namespace:
@@ -151,10 +154,10 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         }
         for v in VARIANTS
     }
-    shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in HEURISTICS}
-    for b in HEURISTICS:  # NeuroShard over the baseline on the tasks both solved
+    shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in BASELINES}
+    for b in BASELINES:  # NeuroShard over the baseline on the tasks both solved
         algorithms[b]["ratio"] = mean_cost("neuroshard", shared[b]) / mean_cost(b, shared[b]) if shared[b] else None
-    rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
+    rated = [b for b in BASELINES if algorithms[b]["ratio"] is not None]
     strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the hardest to beat
     pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
     details = plan_details(jobs, job_of, costs, planned)
@@ -230,7 +233,7 @@ def markdown_table(settings: list[dict]) -> str:
     head = [
         "devices",
         "max dim",
-        *VARIANTS[: 1 + len(HEURISTICS)],
+        *VARIANTS[: 1 + len(BASELINES)],
         "NeuroShard / strongest baseline (shared tasks)",
         "ablations ms (no beam / no grid)",
         "search s (full / no beam / no grid)",
@@ -240,7 +243,7 @@ def markdown_table(settings: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in settings:
         a = s["algorithms"]
-        cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)]]
+        cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(BASELINES)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
         ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
         search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
@@ -281,9 +284,9 @@ def main() -> None:
             a = summary["algorithms"]
             print(
                 f"D={devices} max_dim={max_dim}: "
-                + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(HEURISTICS)])
+                + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(BASELINES)])
                 + "; NeuroShard/baseline on shared tasks: "
-                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in HEURISTICS)
+                + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in BASELINES)
                 + f"; plan pairs the cost models order as executed: {fmt(summary['pairs_ordered_as_executed'], '.2f')}",
                 flush=True,
             )

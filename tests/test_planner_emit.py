@@ -34,7 +34,7 @@ def test_build_plan_merges_adjacent_columns_and_keeps_split_ones():
 
 def _planner_plans():
     models = untrained_cost_models(2)
-    plans = {a: plan_tables(TABLES, 2, WHOLE_TABLE_MEMORY, None, a)[0] for a in ALGORITHMS if a != "neuroshard"}
+    plans = {a: plan_tables(TABLES, 2, WHOLE_TABLE_MEMORY, None, a)[0] for a in ALGORITHMS if a not in ("neuroshard", "torchrec")}
     plans["neuroshard"] = plan_tables(TABLES, 2, MEMORY, models, options=SearchOptions(max_steps=4))[0]
     interleaved = [Chunk(0, 0, 4), Chunk(0, 4, 4), Chunk(0, 8, 8)] + [Chunk(i, 0, DIM) for i in range(1, len(TABLES))]
     plans["interleaved"] = build_plan(TABLES, interleaved, [0, 1, 0, 1, 1, 1, 0, 1], 2)  # t0 twice on rank 0

@@ -118,7 +118,7 @@ def test_every_algorithm_returns_a_valid_plan(models):
     pool = make_table_pool(seed=0)
     task = generate_tasks(pool, 1, 4, max_dim=16, seed=3)[0]
     configs = [t.to_config() for t in task.tables]
-    for algorithm in ALGORITHMS:
+    for algorithm in (a for a in ALGORITHMS if a != "torchrec"):  # torchrec: tests/test_planner_torchrec.py
         plan, report = plan_tables(task.tables, 4, task.memory_per_device, models, algorithm, options=SHORT)
         plan.validate(configs, task.memory_per_device)
         assert report["algorithm"] == algorithm and report["predicted_max_ms"] == max(report["predicted_ms"]["total"])

@@ -87,6 +87,7 @@ def test_without_torchrec_the_error_names_the_install_command(without_torchrec):
     message = str(raised.value)
     assert "pip install torchrec fbgemm-gpu-cpu" in message and "import failed: ModuleNotFoundError" in message
     assert "\n" not in message
+    assert not torchrec_planner.torchrec_available()  # the sharding benchmark then leaves it out
 
 
 def test_a_broken_fbgemm_library_is_the_same_one_line_error(tmp_path, monkeypatch):

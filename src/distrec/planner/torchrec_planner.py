@@ -106,6 +106,15 @@ def torchrec_plan(tables: list[TableSpec], devices: int, memory_per_device: int,
     return ShardingPlan(devices, [placement_from_shards(t, by_table[t.name].sharding_type, _shards(by_table[t.name], t)) for t in tables])
 
 
+def torchrec_available() -> bool:
+    """Whether TorchRec's planner can be imported here (the optional torchrec extra works)."""
+    try:
+        _import_torchrec()
+    except DistrecError:
+        return False
+    return True
+
+
 def _import_torchrec() -> None:
     """Import TorchRec's planner, or raise the one-line DistrecError naming the install command."""
     try:
