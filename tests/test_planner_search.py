@@ -103,6 +103,15 @@ def test_cache_hits_on_repeated_evaluations_and_can_be_switched_off(task, models
     assert cached.max_cost == pytest.approx(uncached.max_cost)
 
 
+def test_the_grid_only_adds_to_the_unbounded_placement(task, models):
+    predictor = models.predictor(4)
+    greedy_only = {"max_steps": 0, "heuristic_placements": False}  # no splits, only the bounded greedy placement
+    tightest = SearchOptions(**greedy_only, grid_points=1, grid_max=1.0)  # a single bound: the mean dimension
+    full = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=tightest).run()
+    no_grid = NeuroShardSearch(task.tables, 4, task.memory_per_device, predictor, options=SearchOptions(**greedy_only, grid_search=False)).run()
+    assert full.max_cost <= no_grid.max_cost
+
+
 @pytest.mark.parametrize("variant", ["no-beam", "no-grid"])
 def test_ablations_give_valid_placements(task, models, variant):
     ablated = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions.ablation(variant)).run()
