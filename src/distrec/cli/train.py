@@ -103,7 +103,8 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.train.loop import check_run, resume_config, train
+    from distrec.train.loop import train
+    from distrec.train.run import check_run, resume_config
 
     if args.resume:
         given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
