@@ -125,6 +125,12 @@ class ParallelConfig:
     the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
     default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
+
+    ``replica_groups`` G > 1: 2D sparse parallelism (``distrec.parallel.two_d``): G groups of
+    N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
+    ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
+    rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
+    row-wise optimizer state) every ``sync_every`` steps.
     """
 
     embeddings: str = "sharded"
@@ -136,6 +142,9 @@ class ParallelConfig:
     ranks_per_host: int | None = None
     towers: str | None = None
     tower_sharding: str = "table_wise"
+    replica_groups: int = 1
+    replica_sync: str = "exact"
+    sync_every: int = 10
 
 
 @dataclass
@@ -199,6 +208,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.lookup": ("flat", "sptt"),
     "parallel.tower_sharding": ("table_wise", "column_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
+    "parallel.replica_sync": ("exact", "periodic"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
 
@@ -227,6 +237,14 @@ COMBINATION_RULES: list[Rule] = [
         "parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding",
     ),
     Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
+    Rule(
+        lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.lookup == "sptt" or c.parallel.embeddings != "sharded" or c.hotline.enabled),
+        "--replica-groups (2D sparse parallelism) needs sharded embeddings and the flat all-to-all, without --hotline; drop the others",
+    ),
+    Rule(
+        lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,
+        "--replica-groups must divide the number of processes (each group has as many ranks); change it or --nproc-per-node",
+    ),
     Rule(
         lambda c, w: w is not None and w > 1 and c.model.tower_module is not None and c.parallel.lookup != "sptt",
         "--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it",
@@ -404,6 +422,8 @@ def validate(cfg: RunConfig) -> None:
         "data.synthetic.rows": dc.synthetic.rows,
         "data.synthetic.table_rows": dc.synthetic.table_rows,
         "data.synthetic.pooling_factor": dc.synthetic.pooling_factor,
+        "parallel.replica_groups": cfg.parallel.replica_groups,
+        "parallel.sync_every": cfg.parallel.sync_every,
     }
     for key, value in positive.items():
         if value < 1:
