@@ -41,7 +41,7 @@ from distrec.errors import DistrecError
 from distrec.io import atomic_directory, atomic_write_json
 
 # Bump when the layout or any parser's output changes: old caches are then not reused.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.f32"
 LABELS_FILE = "labels.f32"

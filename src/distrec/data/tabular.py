@@ -31,6 +31,8 @@ from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFe
 from distrec.data.textfile import CsvStream, read_header
 from distrec.errors import DistrecError
 
+# Dense values are stored as float32: larger magnitudes would become infinite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _SCHEMA_KEYS = ("label", "threshold", "dense", "categorical", "delimiter", "header", "columns")
 
 
@@ -123,8 +125,9 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
     """Stream a CSV (plain or .gz) or Parquet file as chunks of at most ``chunk_rows`` rows.
 
     Rows with a missing or non-numeric label, a label that is not 0/1 (without a
-    threshold), a non-numeric dense value, or (CSV) the wrong column count are skipped and
-    counted; with ``strict`` the first one raises a DistrecError.
+    threshold), a dense value that is not a number or not finite in float32 (text ``nan``
+    and ``inf``, ``1e39``), or (CSV) the wrong column count are skipped and counted; with
+    ``strict`` the first one raises a DistrecError. A missing dense value is 0.
     """
     schema = load_schema(schema_path)
     path = existing_path(path)
@@ -190,8 +193,10 @@ def _chunks(batches, schema: TabularSchema, features: list[SparseFeature], malfo
         dense = np.empty((batch.num_rows, len(schema.dense)), np.float32)
         for j, name in enumerate(schema.dense):
             values, bad = parse_numbers(batch.column(name))
-            check.flag(bad, f"{name!r} is not a number")
-            dense[:, j] = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            check.flag(bad, f"{name!r} is not a finite number")
+            too_large = np.abs(values) > _FLOAT32_MAX
+            check.flag(too_large, f"{name!r} is beyond float32's range (3.4e38)")
+            dense[:, j] = np.where(too_large | np.isnan(values), 0.0, values)
         keep = check.report(malformed, line_numbers)
         if keep.size < batch.num_rows:
             batch = batch.take(pa.array(keep))
