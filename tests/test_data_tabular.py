@@ -171,3 +171,16 @@ def test_parquet_infinite_and_float32_overflow_are_malformed_nan_is_missing(tmp_
     source, chunk = read_all(tmp_path / "d.parquet", schema, "parquet")
     assert chunk.dense[:, 0].tolist() == [0.0, 2.5] and chunk.labels.tolist() == [1.0, 0.0]
     assert source.malformed.count == 3 and [row for row, _ in source.malformed.first] == [1, 2, 5]
+
+
+def test_corrupt_parquet_page_is_one_line(tmp_path):
+    # issue 23.6: a damaged page header raised OSError "Couldn't deserialize thrift" from the batch loop
+    schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
+    table = pa.table({"y": [1, 0] * 4000, "a": np.arange(8000, dtype=np.float64), "c": ["x", "y", "z", "w"] * 2000})
+    pq.write_table(table, tmp_path / "d.parquet", data_page_size=1024)
+    raw = bytearray((tmp_path / "d.parquet").read_bytes())
+    raw[4:20] = b"\xab" * 16  # the first page header
+    (tmp_path / "d.parquet").write_bytes(bytes(raw))
+    source = read_tabular(tmp_path / "d.parquet", schema, "parquet")
+    with pytest.raises(DistrecError, match=r"d\.parquet is corrupt after row 0 \(.*\); re-export the Parquet file"):
+        list(source.chunks)

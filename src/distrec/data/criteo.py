@@ -48,6 +48,7 @@ def read_criteo(path: str | Path, chunk_rows: int = 262_144, strict: bool = Fals
         features=[SparseFeature(name) for name in SPARSE_NAMES],
         chunks=_chunks(stream),
         malformed=malformed,
+        fraction_read=stream.fraction_read,
     )
 
 

@@ -26,6 +26,7 @@ from distrec.data.source import (
     RowCheck,
     Source,
     SparseFeature,
+    describe_error,
     existing_path,
     gather_bags,
     single_hot,
@@ -76,6 +77,7 @@ def read_movielens(path: str | Path, chunk_rows: int = 262_144, strict: bool = F
         features=features,
         chunks=_chunks(stream, users, items),
         malformed=malformed,
+        fraction_read=stream.fraction_read,
     )
 
 
@@ -119,7 +121,7 @@ def _read_table(path: Path, names: list[str], encoding: str = "utf8") -> pa.Tabl
             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True),
         )
     except (pa.ArrowInvalid, OSError) as e:
-        raise DistrecError(f"cannot read {path}: {str(e).splitlines()[0]}; is this an ml-100k directory?") from None
+        raise DistrecError(f"cannot read {path}: {describe_error(e)}; is this an ml-100k directory?") from None
 
 
 def _ids(table: pa.Table, path: Path) -> np.ndarray:

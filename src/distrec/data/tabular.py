@@ -27,7 +27,16 @@ import pyarrow.parquet as pq
 import yaml
 
 from distrec.data.columns import bags, hash_strings, parse_numbers
-from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, existing_path, single_hot
+from distrec.data.source import (
+    Chunk,
+    MalformedRows,
+    RowCheck,
+    Source,
+    SparseFeature,
+    describe_error,
+    existing_path,
+    single_hot,
+)
 from distrec.data.textfile import CsvStream, read_header
 from distrec.errors import DistrecError
 
@@ -140,17 +149,19 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
                            include=schema.used_columns, text_columns=schema.used_columns)
         batches = ((batch, lambda rows, first=first: stream.line_numbers(first + rows)) for batch, first in stream)
         list_columns: set[str] = set()
+        num_rows, fraction_read = None, stream.fraction_read
     elif fmt == "parquet":
         malformed = MalformedRows(path, strict, unit="row")
         try:
             parquet = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as e:
-            raise DistrecError(f"cannot read {path} as Parquet ({str(e).splitlines()[0]}); check --data-format") from None
+            raise DistrecError(f"cannot read {path} as Parquet ({describe_error(e)}); check --data-format") from None
         arrow_schema = parquet.schema_arrow
         _check_columns(schema, arrow_schema.names, path, schema_path)
-        batches = _parquet_batches(parquet, schema.used_columns, chunk_rows)
+        batches = _parquet_batches(parquet, path, schema.used_columns, chunk_rows)
         list_columns = {c.name for c in schema.categorical
                         if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)}
+        num_rows, fraction_read = parquet.metadata.num_rows, None
     else:
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
     features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns)
@@ -162,6 +173,8 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
         features=features,
         chunks=_chunks(batches, schema, features, malformed),
         malformed=malformed,
+        num_rows=num_rows,
+        fraction_read=fraction_read,
     )
 
 
@@ -172,9 +185,17 @@ def _check_columns(schema: TabularSchema, names: list[str], path: Path, schema_p
         raise DistrecError(f"schema {schema_path} names column {missing[0]!r}, which is not in {path} (columns: {shown}); fix the schema")
 
 
-def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], chunk_rows: int):
+def _parquet_batches(parquet: pq.ParquetFile, path: Path, columns: list[str], chunk_rows: int):
+    """(batch, row numbers of its rows) pairs; a corrupt page is a DistrecError naming the row reached."""
     first = 0
-    for batch in parquet.iter_batches(batch_size=chunk_rows, columns=columns):
+    batches = parquet.iter_batches(batch_size=chunk_rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise DistrecError(f"{path} is corrupt after row {first} ({describe_error(e)}); re-export the Parquet file") from None
         yield batch, lambda rows, first=first: first + rows + 1
         first += batch.num_rows
 
