@@ -103,6 +103,7 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.data.fingerprint import check_run_data, resolve_paths, save_fingerprint
     from distrec.train.loop import check_run, resume_config, train
 
     if args.resume:
@@ -116,8 +117,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
+        check_run_data(out, cfg.data)
     else:
         cfg = config_from_args(args)
+        resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         if args.nproc_per_node < 1:
@@ -125,6 +128,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
         return _launch_workers(args, argv, out)
     resume = bool(args.resume) or _restarted_with_checkpoint(out)
+    if resume and not args.resume:  # restarted by the launcher after a failure
+        check_run_data(out, cfg.data)
+    elif not resume and os.environ.get("RANK", "0") == "0":
+        save_fingerprint(out, cfg.data)
     summary = train(cfg, out, resume=resume, progress=not args.no_progress)
     if summary is not None:
         if "dmt" in summary:

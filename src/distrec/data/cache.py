@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from distrec.config import DataConfig
 from distrec.data.criteo import read_criteo
+from distrec.data.fingerprint import input_files
 from distrec.data.movielens import read_movielens
 from distrec.data.source import Chunk, MalformedRows, Source, existing_path
 from distrec.data.synthetic import read_synthetic
@@ -94,12 +95,7 @@ def _identity(cfg: DataConfig) -> tuple[str, dict]:
         if cfg.schema is None:
             raise DistrecError(f"--data-format {cfg.format} needs --schema FILE naming the label, dense and categorical columns")
         identity["schema"] = existing_path(cfg.schema, what="schema").read_text(errors="replace")
-    if cfg.format == "movielens":
-        root = existing_path(cfg.path, kind="directory")
-        files = [existing_path(root / name) for name in ("u.data", "u.user", "u.item")]
-    else:
-        files = [existing_path(cfg.path)]
-    identity["files"] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    identity["files"] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in input_files(cfg)]
     return Path(cfg.path).name, identity
 
 
