@@ -60,7 +60,8 @@ def test_synthetic_parameters_are_compared():
 
 def test_resolve_paths_makes_relative_paths_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = DataConfig(path="d.tsv", schema="~/s.yaml", cache_dir=None)
+    (tmp_path / "d.tsv").write_text("x\n")
+    cfg = DataConfig(path="d.tsv", format="criteo", schema="~/s.yaml", cache_dir=None)
     resolve_paths(cfg)
     assert cfg.path == str(tmp_path / "d.tsv") and cfg.schema == os.path.expanduser("~/s.yaml") and cfg.cache_dir is None
 

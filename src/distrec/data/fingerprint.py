@@ -40,7 +40,11 @@ log = logging.getLogger(__name__)
 
 def resolve_paths(data: DataConfig) -> None:
     """Make ``data.path``, ``data.schema`` and ``data.cache_dir`` absolute (in place), so a
-    saved config means the same files from any working directory."""
+    saved config means the same files from any working directory.
+
+    Raises DistrecError naming the path as given when an input file is missing.
+    """
+    input_files(data)
     for key in ("path", "schema", "cache_dir"):
         value = getattr(data, key)
         if value is not None:
