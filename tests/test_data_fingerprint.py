@@ -116,8 +116,8 @@ def test_resume_refuses_changed_data_with_one_line(criteo_run, tmp_path, capsys,
     edited = dict(config, data=dict(config["data"], path="d.tsv"))
     (run_dir / "config.yaml").write_text(yaml.safe_dump(edited))
     status, err = run(capsys, "train", "--resume", run_dir, "--max-steps", "4")
-    assert status == 2 and err == [f"distrec: error: cannot resume on different data: data.path was {str(data)!r} when the "
-                                   f"run started and is {str(other / 'd.tsv')!r} now; restore it, or train a new run with --out"]
+    assert status == 2 and err == [(f"distrec: error: cannot resume on different data: data.path was {str(data)!r} when the "
+                                    f"run started and is {str(other / 'd.tsv')!r} now; restore it, or train a new run with --out")]
 
     # an edited max_ind_range rehashes every row
     edited = dict(config, data=dict(config["data"], max_ind_range=128))

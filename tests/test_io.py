@@ -36,8 +36,7 @@ def test_a_failing_block_leaves_the_target_untouched(tmp_path):
     target = tmp_path / "d"
     target.mkdir()
     (target / "f").write_text("old")
-    with pytest.raises(RuntimeError):
-        with atomic_directory(target) as tmp:
-            (tmp / "f").write_text("new")
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), atomic_directory(target) as tmp:
+        (tmp / "f").write_text("new")
+        raise RuntimeError("killed")
     assert (target / "f").read_text() == "old" and leftovers(target) == []

@@ -27,16 +27,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from distrec.data.columns import bags, hash_strings, parse_numbers
-from distrec.data.source import (
-    Chunk,
-    MalformedRows,
-    RowCheck,
-    Source,
-    SparseFeature,
-    describe_error,
-    existing_path,
-    single_hot,
-)
+from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, describe_error, existing_path, single_hot
 from distrec.data.textfile import CsvStream, read_header
 from distrec.errors import DistrecError
 
