@@ -126,3 +126,13 @@ def test_dense_counts_beyond_float64_precision_parse_and_overflow_is_malformed(t
     assert np.isfinite(chunk.dense).all()
     with pytest.raises(DistrecError, match="line 2: I1 is not an integer"):
         list(read_criteo(tmp_path / "a.tsv", strict=True).chunks)
+
+
+def test_non_utf8_bytes_in_a_count_make_a_malformed_row(tmp_path):
+    # a latin-1 byte in an integer field raised ArrowInvalid "Invalid UTF8 sequence" from the slow parsing path
+    path = tmp_path / "a.tsv"
+    lines = [criteo_line("1"), criteo_line("0", ["caf\xe9"] + ["1"] * 12), criteo_line("1", ["+7", " 8 "] + ["1"] * 11)]
+    path.write_bytes("".join(line + "\n" for line in lines).encode("latin-1"))
+    source, chunk = read_all(path)
+    assert chunk.num_rows == 2 and source.malformed.first == [(2, "I1 is not an integer")]
+    np.testing.assert_allclose(chunk.dense[1, :2], np.log1p([7.0, 8.0]), rtol=1e-6)

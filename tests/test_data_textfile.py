@@ -69,3 +69,13 @@ def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path):
         fractions.append(stream.fraction_read())
     assert fractions == sorted(fractions) and len(fractions) == 10
     assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(0.1, abs=0.02)
+
+
+def test_a_non_utf8_line_with_the_wrong_field_count_is_one_line(tmp_path, capsys):
+    # issue 23.6: Arrow printed "Exception ignored ... UnicodeDecodeError" before the parse error
+    path = tmp_path / "f.tsv"
+    path.write_bytes(b"1\t2\n3\t4\ncaf\xe9\n5\t6\n")
+    stream = CsvStream(path, "\t", False, MalformedRows(path), chunk_rows=10, column_names=["a", "b"], text_columns=["a"])
+    with pytest.raises(DistrecError, match=r"f\.tsv: a line with the wrong number of fields is not UTF-8 text \(.*Row #3"):
+        list(stream)
+    assert capsys.readouterr().err == ""

@@ -108,6 +108,14 @@ def hash_strings(arr: pa.Array) -> np.ndarray:
     return np.where(lengths > 0, (h >> np.uint64(2)).astype(np.int64) + 1, 0)
 
 
+def _has_non_ascii(arr: pa.Array) -> np.ndarray:
+    """bool [n]: which values of a string column hold a byte above 127."""
+    starts, lengths, data = string_buffers(arr)
+    high = np.zeros(data.size + 1, np.int64)
+    np.cumsum(data >= 0x80, out=high[1:])
+    return high[starts + lengths] > high[starts]
+
+
 def parse_numbers(arr: pa.Array, integer: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A numeric, boolean or text column as finite float64 values (NaN where missing).
 
@@ -123,11 +131,14 @@ def parse_numbers(arr: pa.Array, integer: bool = False) -> tuple[np.ndarray, np.
         try:
             arr = pc.cast(arr, pa.int64() if integer else pa.float64())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            # slow path, only for batches holding a bad value: find the bad rows
+            # slow path, only for batches holding a bad value: find the bad rows. A number is
+            # ASCII; values with other bytes (maybe not even UTF-8: text is not checked) are bad
+            non_ascii = _has_non_ascii(arr)
+            arr = pc.if_else(pa.array(non_ascii), pa.scalar(None, arr.type), arr) if non_ascii.any() else arr
             trimmed = pc.utf8_trim_whitespace(arr)
             trimmed = pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, trimmed.type), trimmed)
             ok = pc.match_substring_regex(trimmed, _INTEGER if integer else _FLOAT).fill_null(True)
-            bad = ~np.asarray(ok)
+            bad = ~np.asarray(ok) | non_ascii
             arr = pc.cast(pc.if_else(ok, trimmed, pa.scalar(None, trimmed.type)), pa.float64())
     elif not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)):
         raise DistrecError(f"a numeric column has type {arr.type}; use a number column for dense values and labels")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -47,28 +49,64 @@ def _check_text(path: Path) -> None:
         raise DistrecError(f"{path} is a binary file, not delimited text; check --data and --data-format")
 
 
+@contextmanager
+def _reading(path: Path, fix: str) -> Iterator[None]:
+    """Turn Arrow's read errors inside the block into one-line DistrecErrors naming ``path``.
+
+    Arrow decodes a row with the wrong field count as UTF-8 before it calls the invalid-row
+    handler; when that fails it prints an "Exception ignored" traceback and stops with a
+    parse error. The hook here keeps that traceback off the terminal and says why instead.
+    """
+    undecodable: list[BaseException] = []
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, UnicodeDecodeError):
+            undecodable.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except (pa.ArrowInvalid, OSError) as e:
+        if undecodable:
+            raise DistrecError(f"cannot read {path}: a line with the wrong number of fields is not UTF-8 text "
+                               f"({describe_error(e)}); fix or remove that line") from None
+        raise DistrecError(f"cannot read {path}: {describe_error(e)}; {fix}") from None
+    finally:
+        sys.unraisablehook = previous
+
+
 def _open(path, delimiter, quoted, column_names, column_types, include, encoding, block_size, on_invalid, stream=None):
     """A streaming CSV reader over ``path`` (or over ``stream``, its opened contents), None if it is empty."""
     _check_text(path)
-    try:
-        return pacsv.open_csv(
-            path if stream is None else stream,
-            read_options=pacsv.ReadOptions(
-                column_names=column_names, use_threads=False, block_size=block_size, encoding=encoding
-            ),
-            parse_options=pacsv.ParseOptions(
-                delimiter=delimiter, quote_char='"' if quoted else False,
-                ignore_empty_lines=False, invalid_row_handler=on_invalid,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types=column_types, include_columns=include, strings_can_be_null=True,
-                null_values=[""], check_utf8=False,
-            ),
-        )
-    except (pa.ArrowInvalid, OSError) as e:
-        if "Empty CSV file" in str(e):
-            return None
-        raise DistrecError(f"cannot read {path}: {describe_error(e)}; check the file and --data-format") from None
+    with _reading(path, "check the file and --data-format"):
+        try:
+            return _open_csv(path if stream is None else stream, delimiter, quoted, column_names, column_types, include,
+                             encoding, block_size, on_invalid)
+        except pa.ArrowInvalid as e:
+            if "Empty CSV file" in str(e):
+                return None
+            raise
+
+
+def _open_csv(source, delimiter, quoted, column_names, column_types, include, encoding, block_size, on_invalid):
+    """Arrow's streaming CSV reader with distrec's options (every row-level problem to ``on_invalid``)."""
+    return pacsv.open_csv(
+        source,
+        read_options=pacsv.ReadOptions(
+            column_names=column_names, use_threads=False, block_size=block_size, encoding=encoding
+        ),
+        parse_options=pacsv.ParseOptions(
+            delimiter=delimiter, quote_char='"' if quoted else False,
+            ignore_empty_lines=False, invalid_row_handler=on_invalid,
+        ),
+        convert_options=pacsv.ConvertOptions(
+            column_types=column_types, include_columns=include, strings_can_be_null=True,
+            null_values=[""], check_utf8=False,
+        ),
+    )
 
 
 class CsvStream:
@@ -144,11 +182,10 @@ class CsvStream:
         with reader:
             while True:
                 try:
-                    batch = reader.read_next_batch()
+                    with _reading(self.path, "check the file"):
+                        batch = reader.read_next_batch()
                 except StopIteration:
                     return
-                except (pa.ArrowInvalid, OSError) as e:
-                    raise DistrecError(f"cannot read {self.path}: {describe_error(e)}; check the file") from None
                 for start in range(0, batch.num_rows, self.chunk_rows):
                     part = batch.slice(start, self.chunk_rows)
                     self._text_bytes += _text_bytes(part)
