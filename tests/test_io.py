@@ -40,3 +40,22 @@ def test_a_failing_block_leaves_the_target_untouched(tmp_path):
         (tmp / "f").write_text("new")
         raise RuntimeError("killed")
     assert (target / "f").read_text() == "old" and leftovers(target) == []
+
+
+def test_a_run_removes_the_temporaries_of_a_checkpoint_save_killed_earlier(tmp_path, monkeypatch, capsys):
+    # issue 23.5: kill -9 during a save left `.checkpoint.*.tmp` / `.checkpoint.writing` for good
+    from distrec.cli import main
+
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    tiny = ["--preset", "tiny", "--set", "data.synthetic.rows=300", "--set", "data.synthetic.table_rows=50",
+            "--batch-size", "64", "--max-steps", "2", "--no-progress"]
+    assert main(["train", *tiny, "--out", str(run)]) == 0
+    killed = [run / ".checkpoint.k1ll3d.tmp", run / ".checkpoint.writing"]
+    for d in killed:
+        d.mkdir()
+        (d / "state-rank0.pt").write_bytes(b"half")
+    # the resumed run's checkpoint save (atomic_directory) clears them first
+    assert main(["train", "--resume", str(run), "--max-steps", "2", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert not any(d.exists() for d in killed) and (run / "checkpoint" / "meta.json").is_file()
