@@ -8,6 +8,7 @@ output folder so every result can be reproduced.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,7 +371,10 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, pre
         if not p.is_file():
             raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
         try:
-            d = yaml.safe_load(p.read_text()) or {}
+            d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                               "save it as UTF-8 YAML") from None
         except yaml.YAMLError as e:
             raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
         if not isinstance(d, dict):
@@ -404,8 +408,26 @@ def set_value(d: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    """The first float field (or list item) of a config section that is NaN or infinite, as (key, value)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            found = _non_finite(value, key + ".")
+            if found:
+                return found
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                return key, item
+    return None
+
+
 def validate(cfg: RunConfig) -> None:
     """Check value ranges and choices; raise DistrecError naming the first bad field."""
+    non_finite = _non_finite(cfg)
+    if non_finite is not None:
+        key, value = non_finite
+        raise DistrecError(f"{key} is {value}; it must be a finite number")
     for key, choices in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)

@@ -108,6 +108,7 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.data.fingerprint import check_run_data, resolve_paths
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
 
@@ -122,8 +123,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
+        check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
         cfg = config_from_args(args)
+        resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         if args.nproc_per_node < 1:

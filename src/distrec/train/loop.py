@@ -29,6 +29,7 @@ from distrec import config as config_mod
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
+from distrec.data.fingerprint import check_run_data, save_fingerprint
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.modes import select_mode
@@ -184,7 +185,10 @@ class Trainer:
         if main:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
+            check_run_data(self.out, self.cfg.data)  # refuses data that changed since the run started
             self.checkpointer.load(find_checkpoint(self.out))
+        elif main:
+            save_fingerprint(self.out, self.cfg.data)
         log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
         if main:
             config_mod.save(self.cfg, self.out / CONFIG_FILE)
