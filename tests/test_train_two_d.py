@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
@@ -15,27 +14,15 @@ from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import replica_layout
-from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import train
 from multiprocess import run_distributed
-from tiny_runs import tiny_config, train_losses, train_on_rank
+from tiny_runs import tiny_config, train_losses, train_on_rank, trained_parameters
 
 STEPS = 6
 
 
 def _cfg(cache: Path, steps: int = STEPS, overrides: tuple[str, ...] = (), **parallel):
     return tiny_config(cache, steps, overrides, **parallel)
-
-
-def _parameters(run: Path) -> dict[str, torch.Tensor]:
-    model, *_ = load_trained_model(run, torch.device("cpu"))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _assert_same_parameters(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +79,7 @@ def test_exact_2d_equals_one_process(cache, reference_half, tmp_path, plan):
     parallel = {"plan": str(_mixed_plan(cache, tmp_path / "plan.json"))} if plan == "mixed" else {"sharding": plan}
     run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, **parallel), tmp_path / "run")
     assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
-    _assert_same_parameters(_parameters(tmp_path / "run"), _parameters(reference_half))
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["replica_groups"] == 2 and summary["replica_sync"] == "exact" and summary["replica_sync_bytes"] > 0
     meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
@@ -102,7 +89,7 @@ def test_exact_2d_equals_one_process(cache, reference_half, tmp_path, plan):
 def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
     run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=1), tmp_path / "run")
     assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
-    _assert_same_parameters(_parameters(tmp_path / "run"), _parameters(reference_half))
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
 
 
 def test_periodic_sync_lets_replicas_drift_between_syncs(cache, reference_half, tmp_path):
@@ -118,10 +105,10 @@ def test_checkpoints_reshard_between_2d_sharded_and_one_process(cache, reference
     run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="table_wise"), first)
     run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, sharding="row_wise"), first, True)
     assert train_losses(first) == pytest.approx(train_losses(reference), abs=1e-5)
-    _assert_same_parameters(_parameters(first), _parameters(reference))
+    assert_same_parameters(trained_parameters(first), trained_parameters(reference))
 
     second = tmp_path / "second"
     run_distributed(train_on_rank, 4, _cfg(cache, sharding="column_wise"), second)
     run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, replica_groups=2, sharding="row_wise"), second, True)
     assert train_losses(second) == pytest.approx(train_losses(reference), abs=1e-5)
-    _assert_same_parameters(_parameters(second), _parameters(reference))
+    assert_same_parameters(trained_parameters(second), trained_parameters(reference))
