@@ -18,6 +18,7 @@ move between tiers, and the logger starts a new window, so drifting popularity i
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -38,6 +39,9 @@ WORKER_NAME = "hotline-prefetch"
 
 Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B) -> loss, after backward
 
+
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class PipelineStats:
@@ -82,6 +86,15 @@ class PipelineStats:
             "hot_rows": hot_rows,
             "hot_budget_bytes": budget_bytes,
         }
+
+    def warn_if_never_hot(self, relearn_every: int, sample_rate: float) -> None:
+        """Say so when the run ended before its first hot set (Hotline never engaged)."""
+        if self.relearns == 0:
+            log.warning(
+                f"Hotline never engaged: the run ended after {self.steps} steps without a hot set (one is chosen every "
+                f"--relearn-every {relearn_every} steps from the mini-batches sampled at --sample-rate {sample_rate}); "
+                "lower --relearn-every, raise --sample-rate or train longer"
+            )
 
 
 class HotlinePipeline:

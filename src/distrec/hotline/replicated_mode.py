@@ -48,6 +48,7 @@ class ReplicatedHotline(Sharded):
         return self.training
 
     def summary_extra(self) -> dict[str, Any]:
+        self.training.counters.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}
 
     def block_module(self) -> nn.Module:

@@ -44,6 +44,7 @@ class HotlineTiers(ParallelMode):
         return self.training
 
     def summary_extra(self) -> dict[str, Any]:
+        self.training.pipeline.stats.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}
 
     def state_dict(self) -> dict[str, Any]:
