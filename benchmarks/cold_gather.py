@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 from distrec.hotline.readahead import RowReadahead
 from distrec.hotline.tiers import map_scratch_file
+from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 
 def main() -> None:

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import map_scratch_file
+from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 ROW_FLOATS = 64
 
