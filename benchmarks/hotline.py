@@ -87,6 +87,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import harness
 from distrec import config
 from distrec.config import DataConfig, ModelConfig, SyntheticConfig
 from distrec.data.batch import Batch
@@ -96,7 +97,6 @@ from distrec.data.synthetic import SyntheticGenerator
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.training import HotlineTraining
-from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.tables import TableConfig, stand_in_tables
 from distrec.train.optim import make_optimizers
@@ -290,11 +290,8 @@ def slow_tier(setup: Setup, tables: list[TableConfig], out: Path, stack: ExitSta
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
     init = stacked_rows_init(model.embeddings.initializer.for_tables(tables))  # the values (a) and (c) start from
-    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out)
+    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out, readahead=readahead)
     stack.callback(embeddings.close)
-    if not readahead:
-        embeddings.store.readahead.close()
-        embeddings.store.readahead = None
     limit = stack.enter_context(PageCacheLimit(embeddings.store.slow, parse_bytes(setup.page_cache, "--page-cache"), setup.seed))
     limit.evict_all()
     step = TrainStep(model, [*make_optimizers(model, "sgd", LR), TieredRowOptimizer(embeddings, lr=LR)])
@@ -305,11 +302,8 @@ def hotline(setup: Setup, tables: list[TableConfig], learn: list[Batch], out: Pa
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
     training = stack.enter_context(HotlineTraining(model, run_config(setup, out, relearn_every=0), len(learn), out, tables=tables))
-    for batch in learn:  # the learning phase's sampled mini-batches, without its (slow-tier speed) training
-        training.logger.record(training.embeddings.space.batch_ids(batch))
-    training.logger.sampled_batches += len(learn)
-    training.pipeline.relearn()
-    page_cache = parse_bytes(setup.page_cache, "--page-cache") - training.embeddings.store.fast_bytes
+    training.learn(learn)  # the learning phase's sampled mini-batches, without its (slow-tier speed) training
+    page_cache = parse_bytes(setup.page_cache, "--page-cache") - training.stats()["fast_tier_bytes"]
     limit = stack.enter_context(PageCacheLimit(training.embeddings.store.slow, page_cache, setup.seed))
     limit.evict_all()
     return System("hotline", training.step, limit, training)
@@ -324,13 +318,18 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
             slow_tier(setup, tables, out, stack, readahead=False),
             hotline(setup, tables, learn, out, stack),
         ]
-        order = np.random.default_rng(setup.seed)
-        for start in range(0, len(batches), setup.block_steps):
-            for k in order.permutation(len(systems)):  # no system always follows another
-                for i in range(start, min(start + setup.block_steps, len(batches))):
+
+        def block(system: System) -> Callable[[int], None]:
+            def run(r: int) -> None:
+                for i in range(r * setup.block_steps, min((r + 1) * setup.block_steps, len(batches))):
                     record = i >= setup.warmup_steps
-                    systems[k].run(batches[i], record)
-                    systems[k].reclaim(record)
+                    system.run(batches[i], record)
+                    system.reclaim(record)
+
+            return run
+
+        rounds = -(-len(batches) // setup.block_steps)
+        harness.interleaved_rounds({s.name: block(s) for s in systems}, rounds, shuffle_seed=setup.seed)  # no system always follows another
         result = {s.name: s.figures(setup.batch_size) for s in systems}
         stats = systems[-1].hotline.pipeline.stats
         result["hotline"].update(
@@ -382,22 +381,17 @@ def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = 2 if "drift" in result else 1
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    fig, axes = harness.figure(panels)
     systems = ["in_memory", "slow_tier", "slow_tier_fault_by_fault", "hotline"]
     speeds = [result["systems"][s]["samples_per_s"] for s in systems]
-    ax = axes[0][0]
+    ax = axes[0]
     ax.bar(["(a) all\nin RAM", "(b) slow\ntier", "(b0) fault\nby fault", "(c)\nHotline"], speeds, color=["#888", "#c44", "#e99", "#48c"])
     ax.set_ylabel("training samples/s")
     ax.set_title(f"tables {result['table_bytes'] / 2**30:.1f} GiB, page cache {result['page_cache_bytes'] / 2**30:.2f} GiB")
     if panels == 2:
         d = result["drift"]
-        ax = axes[0][1]
+        ax = axes[1]
         w = d["popular_fraction_per_window"]
         ax.plot(np.arange(1, len(w) + 1) * d["relearn_every"], w, marker="o")
         for x in range(d["drift_period_steps"], len(w) * d["relearn_every"], d["drift_period_steps"]):
@@ -405,9 +399,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xlabel("mini-batch (end of relearn window)")
         ax.set_ylabel("popular-input fraction")
         ax.set_title("drifting popularity (dashed: shift)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.save_png(fig, path)
 
 
 def main() -> None:
@@ -458,9 +450,8 @@ def main() -> None:
         result["drift"] = drift(setup, args.out)
         d = result["drift"]
         print(f"drift: popular {d['settled']:.2f} settled, {d['after_shift']:.2f} after the shift, {d['one_relearn_later']:.2f} one relearn later")
-    atomic_write_json(args.out / "hotline-speed.json", result)
     plot(result, args.out / "hotline-speed.png")
-    print(json.dumps(result))
+    harness.finish(result, args.out / "hotline-speed.json")
 
 
 if __name__ == "__main__":
