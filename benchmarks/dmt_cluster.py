@@ -485,20 +485,14 @@ def print_table(summary: dict) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--ranks-per-host", type=int, default=2)
-    p.add_argument("--bandwidth", default="1gbit", help="tc rate of every host link (default 1gbit)")
-    p.add_argument("--latency-ms", type=float, default=0.2, help="host-to-host delay (ms, default 0.2)")
-    p.add_argument("--global-batch", type=int, default=4096)
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--table-rows", type=int, default=5000)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--eval-rows", type=int, default=16384)
-    p.add_argument("--lr", type=float, default=0.003, help="Adam learning rate of the dense layers and tower modules")
-    p.add_argument("--embedding-lr", type=float, default=0.03, help="row-wise (lazy) Adam learning rate of the tables")
-    p.add_argument("--compressions", type=float, nargs="+", default=[2, 4, 8])
+    defaults = dict(hosts=2, ranks_per_host=2, bandwidth="1gbit", latency_ms=0.2, global_batch=4096, features=16, dim=64, table_rows=5000,
+                    steps=50, warmup=5, eval_rows=16384, lr=0.003, embedding_lr=0.03, compressions=[2.0, 4.0, 8.0])  # fmt: skip
+    harness.add_options(p, defaults, {
+        "bandwidth": "tc rate of every host link (default 1gbit)",
+        "latency_ms": "host-to-host delay (ms, default 0.2)",
+        "lr": "Adam learning rate of the dense layers and tower modules",
+        "embedding_lr": "row-wise (lazy) Adam learning rate of the tables",
+    })  # fmt: skip
     p.add_argument("--no-netns", action="store_true", help="plain processes on the loopback (CI-safe)")
     p.add_argument("--quick", action="store_true", help="a short run: fewer steps, smaller batch and model")
     p.add_argument("--out", default="runs/dmt_cluster", help="folder of the JSON and PNG results")

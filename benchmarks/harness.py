@@ -3,6 +3,7 @@
 The benchmark scripts import it as a sibling module (``import harness``: a script's own
 folder is first on ``sys.path``). It uses only distrec's public surface.
 
+- options: :func:`add_options` declares typed command-line options from their defaults;
 - launching: :func:`run_worker` (one measurement in a fresh process), :func:`distrec_train`
   (``distrec train``, optionally ``--nproc-per-node N``), :func:`launch_ranks` (one process
   per rank with torchrun's environment, :func:`rank_env`, e.g. inside network namespaces);
@@ -15,6 +16,7 @@ folder is first on ``sys.path``). It uses only distrec's public surface.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -34,6 +36,24 @@ from distrec.io import atomic_write_bytes, atomic_write_json
 
 R = TypeVar("R")
 WORKER_FLAG = "--worker"
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def add_options(parser: argparse.ArgumentParser, defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None) -> None:
+    """One ``--name-with-dashes`` option per entry of ``defaults``, typed by its default value:
+    a bool gives ``--name`` / ``--no-name``, a list one or more values of its first item's
+    type, anything else one value of its type. ``helps`` adds help texts by name."""
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        kwargs: dict[str, Any] = {"default": default, "help": (helps or {}).get(name)}
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif isinstance(default, list):
+            parser.add_argument(flag, nargs="+", type=type(default[0]), **kwargs)
+        else:
+            parser.add_argument(flag, type=type(default), **kwargs)
 
 
 # ----------------------------------------------------------------------------- timing

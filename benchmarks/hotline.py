@@ -404,15 +404,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = Setup()
-    for f in dataclasses.fields(Setup):
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=value)
-        elif isinstance(value, list):
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=lambda s: [int(x) for x in s.split(",")], default=value)
-        else:
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value)
+    harness.add_options(p, asdict(Setup()))
     p.add_argument("--no-drift", action="store_true", help="skip the drifting-popularity measurement")
     p.add_argument("--out", type=Path, default=Path("runs/bench-hotline"), help="folder for the JSON and PNG (and the slow tier's file)")
     args = p.parse_args()

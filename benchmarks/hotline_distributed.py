@@ -66,18 +66,13 @@ def median_round(rounds: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--sharding", default="table_wise", choices=["table_wise", "column_wise", "row_wise"])
-    parser.add_argument("--budgets", nargs="+", default=["256KB", "1MB", "4MB"], help="hot budgets (bytes of the replicated table)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--tables", type=int, default=8)
-    parser.add_argument("--table-rows", type=int, default=100_000)
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--zipf", type=float, default=1.05)
-    parser.add_argument("--sample-rate", type=float, default=0.5)
-    parser.add_argument("--relearn-every", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of every run, in turns; the median round's samples/s is reported (default 1)")
+    defaults = dict(procs=2, budgets=["256KB", "1MB", "4MB"], steps=60, batch_size=4096, tables=8, table_rows=100_000, dim=16, zipf=1.05,
+                    sample_rate=0.5, relearn_every=10, rounds=1)  # fmt: skip
+    harness.add_options(parser, defaults, {
+        "budgets": "hot budgets (bytes of the replicated table)",
+        "rounds": "rounds of every run, in turns; the median round's samples/s is reported (default 1)",
+    })  # fmt: skip
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
     args = parser.parse_args()
     hotline = ["--hotline", "--sample-rate", str(args.sample_rate), "--relearn-every", str(args.relearn_every)]
