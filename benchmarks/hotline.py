@@ -7,13 +7,15 @@ with the embedding tables many times larger than the page cache allowed to stay 
 - ``slow_tier`` (b): every row in the slow tier (a memory-mapped file on disk), gathered and
   updated synchronously, no hot set, no pipelining (the hybrid baseline); its gathers read
   their pages ahead all at once (``distrec.hotline.readahead``), as Hotline's do;
-- ``slow_tier_fault_by_fault`` (b0): the same without the readahead, so each row's page is
+- ``slow_tier_fault_by_fault`` (b0): the same without the readahead (``readahead=False``,
+  ``hotline.readahead: false`` in a run's config), so each row's page is
   read when the gather faults on it, as with a plain memory-mapped table;
 - ``hotline`` (c): ``distrec.hotline.training.HotlineTraining``: the hot set in the fast
   tier, the popular micro-batch running while a worker gathers the non-popular one's cold
-  rows. Its learning phase is shortened: the access logger samples (``--sample-rate``) the
-  ids of ``--learn-steps`` mini-batches without training on them (training at that time
-  runs at slow-tier speed, which (b) measures), then the hot set is selected once.
+  rows. Its learning phase is shortened (``HotlineTraining.learn``): the access logger
+  counts the ids of ``--learn-steps`` mini-batches, the ones a sample rate of
+  ``--sample-rate`` would pick in a longer phase, without training on them (training at
+  that time runs at slow-tier speed, which (b) measures), then the hot set is selected once.
 
 The data imitates Criteo's mix of table sizes: one large table holds nearly all rows and
 25 small ones of 100 rows the rest (Criteo Kaggle has 3 tables above a million rows and
