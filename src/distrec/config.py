@@ -161,6 +161,9 @@ class HotlineConfig:
     disk tier's file goes (default: the run's output directory). ``place_threads``: with a
     disk tier, run the step on CPUs that do not handle the disk's interrupts and the
     prefetch worker on those that do, when enough CPUs remain (``hotline/placement.py``).
+    ``readahead``: a disk tier's gathers first start the reads of every page their rows
+    touch, together (``hotline/readahead.py``); false: each page is read when the gather
+    faults on it, as with a plain memory-mapped table (to measure what the readahead gains).
     """
 
     enabled: bool = False
@@ -171,6 +174,7 @@ class HotlineConfig:
     slow_tier: str = "auto"
     slow_tier_dir: str | None = None
     place_threads: bool = True
+    readahead: bool = True
 
 
 @dataclass
