@@ -112,3 +112,12 @@ def test_a_hotline_run_that_ends_before_its_first_hot_set_says_so(tmp_path, caps
     caplog.clear()
     train(*TINY, "--hotline", "--hot-budget", "64KB", "--relearn-every", "2", "--sample-rate", "1", "--max-steps", 5, "--out", tmp_path / "engaged")
     assert "Hotline never engaged" not in caplog.text
+
+
+def test_one_process_says_which_multi_process_settings_it_ignores_and_a_resume_says_where_it_starts(tmp_path, capsys, caplog):
+    train(*TINY, "--sharding", "column_wise", "--max-steps", 3, "--out", tmp_path / "run")
+    assert "ignored in one process: --sharding (multi-process settings)" in caplog.text
+    capsys.readouterr()
+    train("--resume", tmp_path / "run", "--max-steps", 5, "--no-progress")
+    err = capsys.readouterr().err
+    assert f"resuming from step 3 of {tmp_path / 'run' / 'checkpoint'}\n" in err
