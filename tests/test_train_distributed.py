@@ -28,7 +28,7 @@ from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
-from tiny_runs import TINY_DATA, tiny_config, train_losses, train_on_rank, trained_parameters
+from tiny_runs import TINY_DATA, assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
 STEPS = 9  # 16 steps make an epoch of 1080 training rows, so two runs of STEPS cross into the next
 

@@ -16,7 +16,7 @@ from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import replica_layout
 from distrec.train.loop import train
 from multiprocess import run_distributed
-from tiny_runs import tiny_config, train_losses, train_on_rank, trained_parameters
+from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
 STEPS = 6
 
