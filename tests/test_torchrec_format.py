@@ -1,0 +1,127 @@
+"""TorchRec's plan JSON: distrec plans to it and back, TorchRec's shard layouts, loading with ``--plan``."""
+
+import json
+
+import pytest
+
+from distrec.errors import DistrecError
+from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
+from distrec.parallel.torchrec_format import (
+    is_torchrec_plan,
+    placement_from_shards,
+    plan_from_torchrec_dict,
+    torchrec_dict_from_plan,
+)
+from distrec.tables import TableConfig
+
+FIX = "do the fix"
+
+
+def test_table_wise_shard_is_the_whole_table_on_its_rank():
+    placement = placement_from_shards("t", "table_wise", [(1, 0, 100, 0, 16)], FIX)
+    assert placement.sharding == "table_wise" and placement.shards == [Shard(1, 0, 100, 0, 16)]
+
+
+def test_column_shards_become_a_valid_column_wise_plan():
+    placement = placement_from_shards("t", "column_wise", [(0, 0, 100, 0, 8), (1, 0, 100, 8, 8)], FIX)
+    assert placement.sharding == "column_wise"
+    assert placement.shards == [Shard(0, 0, 100, 0, 8), Shard(1, 0, 100, 8, 16)]
+    ShardingPlan(2, [placement]).validate([TableConfig("t", 100, 16)], memory_per_rank=100 * 8 * 4)
+
+
+def test_table_column_wise_is_column_wise_and_one_full_shard_is_table_wise():
+    assert placement_from_shards("t", "table_column_wise", [(0, 0, 100, 0, 4), (0, 0, 100, 4, 12)], FIX).sharding == "column_wise"
+    assert placement_from_shards("t", "column_wise", [(1, 0, 100, 0, 16)], FIX).sharding == "table_wise"
+
+
+@pytest.mark.parametrize("sharding_type", ["row_wise", "table_row_wise"])
+def test_row_shards_become_a_valid_row_wise_plan(sharding_type):
+    placement = placement_from_shards("t", sharding_type, [(0, 0, 50, 0, 16), (1, 50, 50, 0, 16)], FIX)
+    assert placement.sharding == "row_wise" and placement.shards[1] == Shard(1, 50, 100, 0, 16)
+    ShardingPlan(2, [placement]).validate([TableConfig("t", 100, 16)])
+
+
+@pytest.mark.parametrize(
+    "sharding_type, shards",
+    [
+        ("grid_shard", [(0, 0, 100, 0, 16)]),  # a TorchRec type distrec has no equivalent of
+        ("table_row_wise", [(0, 0, 50, 0, 8), (1, 50, 50, 8, 8)]),  # row shards that split columns too
+        ("column_wise", [(0, 0, 60, 0, 16), (1, 60, 40, 0, 16)]),  # "column" shards that split rows
+        ("table_wise", []),
+    ],
+)
+def test_layouts_distrec_cannot_run_are_one_line_errors(sharding_type, shards):
+    with pytest.raises(DistrecError, match=f"{FIX}$") as raised:
+        placement_from_shards("t", sharding_type, shards, FIX)
+    assert "\n" not in str(raised.value) and "'t'" in str(raised.value)
+
+
+def distrec_plan() -> tuple[ShardingPlan, list[TableConfig]]:
+    """A 2-rank plan with every sharding type, uneven column shards among them."""
+    tables = [TableConfig("a", 100, 16), TableConfig("b", 60, 8), TableConfig("c", 80, 12), TableConfig("d", 50, 4)]
+    plan = ShardingPlan(
+        2,
+        [
+            TablePlacement("a", "column_wise", [Shard(1, 0, 100, 8, 16), Shard(0, 0, 100, 0, 4), Shard(1, 0, 100, 4, 8)]),
+            TablePlacement("b", "table_wise", [Shard(1, 0, 60, 0, 8)]),
+            TablePlacement("c", "row_wise", [Shard(0, 0, 40, 0, 12), Shard(1, 40, 80, 0, 12)]),
+            TablePlacement("d", "data_parallel", [Shard(0, 0, 50, 0, 4), Shard(1, 0, 50, 0, 4)]),
+        ],
+    )
+    plan.validate(tables)
+    return plan, tables
+
+
+def test_distrec_plan_as_torchrec_parameter_shardings():
+    plan, _ = distrec_plan()
+    document = torchrec_dict_from_plan(plan, module="model.ebc")
+    assert document["world_size"] == 2 and list(document["plan"]) == ["model.ebc"] and document["shapes"] == {"d": [50, 4]}
+    a = document["plan"]["model.ebc"]["a"]
+    assert a["sharding_type"] == "column_wise" and a["compute_kernel"] == "fused" and a["ranks"] == [0, 1, 1]  # by column offset
+    assert a["sharding_spec"][2] == {"shard_offsets": [0, 8], "shard_sizes": [100, 8], "placement": "rank:1/cpu"}
+    assert document["plan"]["model.ebc"]["d"] == {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1], "sharding_spec": None}
+    on_gpus = torchrec_dict_from_plan(plan, device="cuda")["plan"]["sparse_arch.embedding_bag_collection"]["b"]
+    assert on_gpus["sharding_spec"][0]["placement"] == "rank:1/cuda:1"
+
+
+def test_distrec_plan_survives_the_round_trip_through_torchrec_json(tmp_path):
+    plan, tables = distrec_plan()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(torchrec_dict_from_plan(plan)))
+    loaded = ShardingPlan.load(path)
+    loaded.validate(tables)
+    by_table = {p.table: p for p in plan.tables}
+    for p in loaded.tables:
+        assert p.sharding == by_table[p.table].sharding and set(p.shards) == set(by_table[p.table].shards)
+
+
+def test_distrec_plans_still_load_as_before(tmp_path):
+    plan, _ = distrec_plan()
+    plan.save(tmp_path / "plan.json")
+    assert not is_torchrec_plan(json.loads((tmp_path / "plan.json").read_text()))
+    assert ShardingPlan.load(tmp_path / "plan.json").to_dict() == plan.to_dict()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.pop("world_size"), r"TorchRec plan is malformed \(KeyError"),
+        (lambda d: d.update(shapes={}), "replicates table 'd' but gives no shape for it"),
+        (lambda d: d["plan"]["sparse_arch.embedding_bag_collection"]["a"]["ranks"].pop(), r"malformed \(ValueError"),
+        (lambda d: d["plan"].update(other={"b": d["plan"]["sparse_arch.embedding_bag_collection"]["b"]}), r"places a table name in two modules \(\['b'\]\)"),
+    ],
+)
+def test_a_broken_torchrec_plan_is_a_one_line_error_naming_the_snippet(tmp_path, edit, message):
+    document = torchrec_dict_from_plan(distrec_plan()[0])
+    edit(document)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(DistrecError, match=message) as raised:
+        ShardingPlan.load(path)
+    assert "\n" not in str(raised.value) and str(raised.value).endswith("docs/neuroshard-vs-torchrec.md")
+
+
+def test_a_torchrec_plan_for_other_tables_fails_validation():
+    plan = plan_from_torchrec_dict(torchrec_dict_from_plan(distrec_plan()[0]))
+    with pytest.raises(DistrecError, match="table .a. .column_wise. is invalid: its columns ranges end at 16, not 32"):
+        plan.validate([TableConfig("a", 100, 32), TableConfig("b", 60, 8), TableConfig("c", 80, 12), TableConfig("d", 50, 4)])
