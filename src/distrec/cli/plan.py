@@ -21,6 +21,8 @@ examples:
       --pin C3=0 --no-split C12 -o plan.json
   distrec plan --tables tables.yaml --devices 4 --memory-per-device 64MB --algorithm size-lookup-greedy -o plan.json
   distrec train --data day_0.gz --data-format criteo --plan plan.json ...   # train with the plan
+  distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB --format torchrec -o plan.json
+      # TorchRec's ParameterSharding per table, for DistributedModelParallel (docs/neuroshard-vs-torchrec.md)
 
 A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram (optional:
 17 reuse-factor fractions)}. Cost data and models live in $DISTREC_CACHE/planner (default
@@ -29,6 +31,7 @@ A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from distrec.parallel.torchrec_format import DEFAULT_MODULE
     from distrec.planner.api import ALGORITHMS
 
     p = sub.add_parser("plan", help="plan how tables are sharded over devices", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
@@ -37,11 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(tables)
     add_config_args(tables)
     tables.add_argument("--dim", type=int, metavar="N", help="with --data: embedding dimension (default model.embedding_dim)")
-    tables.add_argument("--batch-size", type=int, metavar="B", help="with --data: samples per training batch (default train.batch_size)")
+    tables.add_argument("--batch-size", type=int, metavar="B", help="samples per training batch: with --data for the table statistics (default train.batch_size); with --algorithm torchrec for its estimates (default the cost models')")
     tables.add_argument("--sample-rows", type=int, default=262_144, metavar="N", help="with --data: rows read to measure the tables")
     p.add_argument("--devices", type=int, metavar="D", help="number of devices (ranks)")
     p.add_argument("--memory-per-device", metavar="SIZE", help="table memory per device, e.g. 4GB or 512MiB")
     p.add_argument("-o", "--output", metavar="FILE", help="where to write the plan (JSON)")
+    p.add_argument("--format", choices=("distrec", "torchrec"), default="distrec", help="plan file format: distrec's, or TorchRec's ParameterSharding per table as JSON")
+    p.add_argument("--torchrec-module", default=DEFAULT_MODULE, metavar="FQN", help=f"with --format torchrec: the EmbeddingBagCollection's path in the model (default {DEFAULT_MODULE})")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="neuroshard", help="planner (default neuroshard)")
     p.add_argument("--cost-models", metavar="DIR", help="folder (or .pt file) of trained cost models (default ~/.cache/distrec/planner)")
     p.add_argument("--pin", action="append", default=[], metavar="TABLE=RANK", help="put a table whole on a rank (repeatable)")
@@ -85,11 +90,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     constraints = parse_constraints(args.pin, args.no_split)
     needs_models = args.algorithm == "neuroshard" or args.cost_models is not None
     models = load_cost_models(args.cost_models) if needs_models else None
-    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed)
-    plan.save(args.output)
+    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed, batch_size=args.batch_size)
+    if args.format == "torchrec":
+        from distrec.io import atomic_write_json
+        from distrec.parallel.torchrec_format import torchrec_dict_from_plan
+        from distrec.planner.workload import default_device
+
+        atomic_write_json(args.output, torchrec_dict_from_plan(plan, args.torchrec_module, default_device().type))
+    else:
+        plan.save(args.output)
     print(format_report(report))
     keys = ("algorithm", "devices", "predicted_max_ms", "search_time_s", "cache_hit_rate")
-    print(json.dumps({"plan": args.output, **{k: report[k] for k in keys if k in report}}))
+    print(json.dumps({"plan": args.output, "format": args.format, **{k: report[k] for k in keys if k in report}}))
     return 0
 
 
