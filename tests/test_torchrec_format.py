@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from distrec.errors import DistrecError
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
@@ -12,7 +13,9 @@ from distrec.parallel.torchrec_format import (
     plan_from_torchrec_dict,
     torchrec_dict_from_plan,
 )
+from distrec.planner.torchrec_planner import torchrec_available
 from distrec.tables import TableConfig
+from multiprocess import run_distributed
 
 FIX = "do the fix"
 
@@ -125,3 +128,71 @@ def test_a_torchrec_plan_for_other_tables_fails_validation():
     plan = plan_from_torchrec_dict(torchrec_dict_from_plan(distrec_plan()[0]))
     with pytest.raises(DistrecError, match="table .a. .column_wise. is invalid: its columns ranges end at 16, not 32"):
         plan.validate([TableConfig("a", 100, 32), TableConfig("b", 60, 8), TableConfig("c", 80, 12), TableConfig("d", 50, 4)])
+
+
+def train_dmp_on_rank(rank: int, world_size: int, document: dict, tables: list[tuple[str, int, int]], steps: int) -> dict:
+    """``steps`` SGD steps of TorchRec's DistributedModelParallel (an EmbeddingBagCollection
+    under "ebc" and a linear head) on the plan ``document``; this rank's losses, its local
+    shard shapes per table before and after, and whether its embedding weights moved."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from distrec.parallel.torchrec_format import torchrec_sharding_plan
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[n]) for n, r, d in tables]
+            self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+            self.head = torch.nn.Linear(sum(d for _, _, d in tables), 1)
+
+        def forward(self, features):
+            return self.head(self.ebc(features).values())
+
+    torch.manual_seed(0)
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.5})
+    model = DistributedModelParallel(Model(), device=torch.device("cpu"), plan=torchrec_sharding_plan(document), sharders=[sharder])
+    dense = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def local_weights() -> dict[str, list[torch.Tensor]]:
+        out = {}
+        for key, value in model.state_dict().items():
+            name = key.split(".")[-2]
+            if key.startswith("ebc."):
+                out[name] = [s.tensor.clone() for s in value.local_shards()] if hasattr(value, "local_shards") else [value.clone()]
+        return out
+
+    before = local_weights()
+    generator = torch.Generator().manual_seed(rank)
+    batch, losses = 16, []
+    for _ in range(steps):
+        lengths = torch.randint(1, 4, (len(tables) * batch,), generator=generator)
+        values = torch.cat([torch.randint(0, r, (int(lengths[i * batch : (i + 1) * batch].sum()),), generator=generator) for i, (_, r, _) in enumerate(tables)])
+        loss = (model(KeyedJaggedTensor(keys=[n for n, _, _ in tables], values=values, lengths=lengths)) - 1).pow(2).mean()
+        loss.backward()
+        dense.step()
+        dense.zero_grad()
+        losses.append(float(loss.detach()))
+    after = local_weights()
+    return {
+        "losses": losses,
+        "shapes": {n: sorted(list(w.shape) for w in ws) for n, ws in after.items() if ws},
+        "moved": {n: any(not torch.equal(a, b) for a, b in zip(before[n], after[n])) for n in after if after[n]},
+    }
+
+
+@pytest.mark.skipif(not torchrec_available(), reason="TorchRec is not installed (benchmarks/setup_torchrec.sh)")
+def test_torchrec_distributed_model_parallel_trains_on_a_distrec_plan(tmp_path):
+    plan, tables = distrec_plan()
+    plan = ShardingPlan(2, [p for p in plan.tables if p.sharding != "row_wise"])  # TorchRec shards row-wise only on GPUs
+    tables = [(t.name, t.num_rows, t.dim) for t in tables if t.name != "c"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(torchrec_dict_from_plan(plan, module="ebc")))  # what distrec plan --format torchrec writes
+    ranks = run_distributed(train_dmp_on_rank, 2, json.loads(path.read_text()), tables, 4)
+    for rank, result in enumerate(ranks):
+        mine = {p.table: sorted([s.row_end - s.row_start, s.col_end - s.col_start] for s in p.shards if s.rank == rank) for p in plan.tables}
+        assert result["shapes"] == {n: shapes for n, shapes in mine.items() if shapes}  # DMP holds exactly the plan's shards
+        assert all(result["moved"].values()) and len(result["losses"]) == 4
+        assert all(loss == loss and loss < 1e3 for loss in result["losses"])  # finite
