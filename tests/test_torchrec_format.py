@@ -1,6 +1,7 @@
 """TorchRec's plan JSON: distrec plans to it and back, TorchRec's shard layouts, loading with ``--plan``."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,13 @@ from distrec.parallel.torchrec_format import (
 )
 from distrec.planner.torchrec_planner import torchrec_available
 from distrec.tables import TableConfig
+from distrec.data import prepare
+from distrec.train.loop import train
 from multiprocess import run_distributed
+from tiny_runs import tiny_config, train_losses, train_on_rank
+
+TORCHREC_PLAN = Path(__file__).parent / "data" / "torchrec_plan_tiny.json"
+"""TorchRec's planner's plan of the tiny run's tables on 2 ranks (tests/data/make_torchrec_plan.py)."""
 
 FIX = "do the fix"
 
@@ -196,3 +203,16 @@ def test_torchrec_distributed_model_parallel_trains_on_a_distrec_plan(tmp_path):
         assert result["shapes"] == {n: shapes for n, shapes in mine.items() if shapes}  # DMP holds exactly the plan's shards
         assert all(result["moved"].values()) and len(result["losses"]) == 4
         assert all(loss == loss and loss < 1e3 for loss in result["losses"])  # finite
+
+
+def test_distrec_trains_on_a_plan_torchrecs_planner_made(tmp_path):
+    plan = ShardingPlan.load(TORCHREC_PLAN)
+    assert {p.table: p.sharding for p in plan.tables} == {
+        "C1": "table_wise", "C2": "column_wise", "C3": "data_parallel", "C4": "data_parallel", "C5": "table_wise"
+    }
+    steps, cache = 4, tmp_path / "cache"
+    prepare(tiny_config(cache, steps).data, progress=False)
+    run_distributed(train_on_rank, 2, tiny_config(cache, steps, plan=str(TORCHREC_PLAN)), tmp_path / "run")
+    train(tiny_config(cache, steps), tmp_path / "single", progress=False)
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(tmp_path / "single"), abs=1e-5)  # SGD: sharding keeps the maths
+    assert ShardingPlan.load(tmp_path / "run" / "plan.json").to_dict() == plan.to_dict()
