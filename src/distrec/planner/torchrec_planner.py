@@ -92,11 +92,16 @@ def torchrec_plan(
 
 def torchrec_available() -> bool:
     """Whether TorchRec's planner can be imported here (the optional torchrec extra works)."""
+    return torchrec_version() is not None
+
+
+def torchrec_version() -> str | None:
+    """The version of TorchRec where its planner imports, else None."""
     try:
         _import_torchrec()
     except DistrecError:
-        return False
-    return True
+        return None
+    return getattr(importlib.import_module("torchrec"), "__version__", "unknown")
 
 
 def _import_torchrec() -> None:
