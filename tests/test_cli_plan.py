@@ -154,3 +154,9 @@ def test_format_torchrec_writes_the_same_plan_as_torchrec_parameter_shardings(ta
     assert document["world_size"] == 2 and set(document["plan"]["model.ebc"]) == {t["name"] for t in TABLES}
     assert all(p["compute_kernel"] == "fused" for p in document["plan"]["model.ebc"].values())
     assert ShardingPlan.load(tmp_path / "torchrec.json").to_dict() == ShardingPlan.load(tmp_path / "distrec.json").to_dict()
+
+
+@pytest.mark.parametrize("args", [["--devices", "1"], ["--budget-minutes", "0"]])
+def test_calibrate_refuses_a_single_device_or_no_budget_before_measuring(tmp_path, capsys, args):
+    assert "calibrate needs --devices of at least 2" in user_error(capsys, "calibrate", *args, "--out", tmp_path / "cal")
+    assert not (tmp_path / "cal").exists()

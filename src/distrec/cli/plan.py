@@ -14,6 +14,7 @@ from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args
 
 EXAMPLES = """
 examples:
+  distrec plan calibrate --budget-minutes 15          # measure + train in one go, for 4 and 8 devices
   distrec plan collect --devices 4 8                  # micro-benchmarks (resumable), ~7 min on 2 CPU cores
   distrec plan train-cost-models                      # prints each model's test MSE
   distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB -o plan.json
@@ -66,6 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     collect.add_argument("--out", metavar="DIR", help="folder of costs.jsonl (default ~/.cache/distrec/planner)")
     collect.add_argument("--no-progress", action="store_true", help="no progress bars")
     collect.set_defaults(handler=run_collect)
+    cal = actions.add_parser(
+        "calibrate", help="measure micro-benchmarks within a time budget and train the cost models", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT
+    )
+    cal.add_argument("--budget-minutes", type=float, default=15.0, metavar="M", help="time for measuring and training (default 15)")
+    cal.add_argument("--devices", type=int, nargs="+", default=[4, 8], metavar="D", help="world sizes to plan for (default 4 8)")
+    cal.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
+    cal.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
+    cal.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--out", metavar="DIR", help="folder of costs.jsonl and cost_models.pt (default ~/.cache/distrec/planner)")
+    cal.add_argument("--no-progress", action="store_true", help="no progress bars")
+    cal.set_defaults(handler=run_calibrate)
     train = actions.add_parser("train-cost-models", help="train the cost models on collected data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     train.add_argument("--cost-data", nargs="+", metavar="FILE", help="collected JSONL files (default DIR/costs.jsonl)")
     train.add_argument("--out", metavar="DIR", help="folder of cost_models.pt (default ~/.cache/distrec/planner)")
@@ -148,4 +161,28 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     out = cost_models_path(args.out)
     models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs)
     print(json.dumps({"cost_models": str(out), "hardware": models.hardware, "test_mse": {k: m["test_mse"] for k, m in models.metrics.items()}}))
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    import time
+
+    from distrec.errors import DistrecError
+    from distrec.planner.calibrate import calibrate, describe_errors
+    from distrec.planner.store import COST_MODELS_FILE, planner_dir
+
+    if min(args.devices) < 2 or args.budget_minutes <= 0:
+        raise DistrecError("calibrate needs --devices of at least 2 and a positive --budget-minutes")
+    start = time.perf_counter()
+    out = planner_dir(args.out)
+    models, counts = calibrate(out, sorted(set(args.devices)), args.budget_minutes, args.batch_size, args.max_dim, args.seed, args.device,
+                               progress=not args.no_progress, log=lambda line: print(line, flush=True))
+    summary = {
+        "cost_models": str(out / COST_MODELS_FILE),
+        "compute_samples": counts.compute,
+        "comm_samples": {str(d): n for d, n in counts.comm.items()},
+        "held_out": describe_errors(models),
+        "minutes": (time.perf_counter() - start) / 60,
+    }
+    print(json.dumps(summary))
     return 0
