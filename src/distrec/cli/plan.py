@@ -84,6 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", metavar="DIR", help="folder of cost_models.pt (default ~/.cache/distrec/planner)")
     train.add_argument("--epochs", type=int, default=1000, help="most epochs per model (early stopping ends sooner)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--compute-head", choices=("monotone", "mlp"), default="monotone",
+                       help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)")
     train.set_defaults(handler=run_train)
 
 
@@ -159,7 +161,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     data = args.cost_data or [planner_dir(args.out) / COST_DATA_FILE]
     out = cost_models_path(args.out)
-    models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs)
+    models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs, compute_head=args.compute_head)
     print(json.dumps({"cost_models": str(out), "hardware": models.hardware, "test_mse": {k: m["test_mse"] for k, m in models.metrics.items()}}))
     return 0
 
