@@ -60,24 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     collect.add_argument("--devices", type=int, nargs="+", required=True, metavar="D", help="world sizes of the all-to-all benchmarks, e.g. 4 8")
     collect.add_argument("--compute-samples", type=int, default=800, metavar="N", help="lookup samples in total (default 800)")
     collect.add_argument("--comm-samples", type=int, default=250, metavar="N", help="all-to-all samples per world size (default 250)")
-    collect.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
-    collect.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
-    collect.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
-    collect.add_argument("--seed", type=int, default=0)
-    collect.add_argument("--out", metavar="DIR", help="folder of costs.jsonl (default ~/.cache/distrec/planner)")
-    collect.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_measurement_args(collect, "folder of costs.jsonl")
     collect.set_defaults(handler=run_collect)
     cal = actions.add_parser(
         "calibrate", help="measure micro-benchmarks within a time budget and train the cost models", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT
     )
     cal.add_argument("--budget-minutes", type=float, default=15.0, metavar="M", help="time for measuring and training (default 15)")
     cal.add_argument("--devices", type=int, nargs="+", default=[4, 8], metavar="D", help="world sizes to plan for (default 4 8)")
-    cal.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
-    cal.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
-    cal.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
-    cal.add_argument("--seed", type=int, default=0)
-    cal.add_argument("--out", metavar="DIR", help="folder of costs.jsonl and cost_models.pt (default ~/.cache/distrec/planner)")
-    cal.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_measurement_args(cal, "folder of costs.jsonl and cost_models.pt")
     cal.set_defaults(handler=run_calibrate)
     train = actions.add_parser("train-cost-models", help="train the cost models on collected data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     train.add_argument("--cost-data", nargs="+", metavar="FILE", help="collected JSONL files (default DIR/costs.jsonl)")
@@ -87,6 +77,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--compute-head", choices=("monotone", "mlp"), default="monotone",
                        help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)")
     train.set_defaults(handler=run_train)
+
+
+def _add_measurement_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    """The micro-benchmark options collect and calibrate share."""
+    p.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
+    p.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
+    p.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="DIR", help=f"{out_help} (default ~/.cache/distrec/planner)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
