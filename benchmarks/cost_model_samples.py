@@ -25,7 +25,6 @@ import torch
 
 from distrec.errors import DistrecError
 from distrec.planner.cost_models import COMPUTE_HEADS, comm_inputs, read_cost_samples, start_wait_ms, train_cost_models
-from distrec.planner.features import feature_matrix
 from distrec.planner.types import TableSpec
 
 

@@ -10,8 +10,7 @@ import yaml
 
 from distrec.errors import DistrecError
 from distrec.parallel.plan import Shard
-from distrec.planner import ALGORITHMS, PlanConstraints, TableSpec, plan_tables
-from distrec.planner import torchrec_planner
+from distrec.planner import ALGORITHMS, PlanConstraints, TableSpec, plan_tables, torchrec_planner
 from distrec.planner.torchrec_planner import torchrec_plan
 from test_cli_plan import TABLES, user_error
 

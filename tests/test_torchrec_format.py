@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distrec.data import prepare
 from distrec.errors import DistrecError
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.torchrec_format import (
@@ -16,7 +17,6 @@ from distrec.parallel.torchrec_format import (
 )
 from distrec.planner.torchrec_planner import torchrec_available
 from distrec.tables import TableConfig
-from distrec.data import prepare
 from distrec.train.loop import train
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_losses, train_on_rank

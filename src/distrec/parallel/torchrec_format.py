@@ -148,7 +148,8 @@ def torchrec_plan_dict(plan: Any, world_size: int, shapes: dict[str, list[int]] 
 def torchrec_sharding_plan(document: dict) -> Any:
     """TorchRec's ``ShardingPlan`` of the JSON form, for ``DistributedModelParallel(plan=...)`` (needs TorchRec)."""
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan as TorchRecShardingPlan
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
+    from torchrec.distributed.types import ShardingPlan as TorchRecShardingPlan
 
     def spec(shards: list[dict] | None):
         if shards is None:

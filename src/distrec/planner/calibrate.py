@@ -21,9 +21,9 @@ id), so a calibration is resumable and its data can be extended by ``collect``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
