@@ -10,9 +10,9 @@ from distrec.data import prepare
 from distrec.errors import DistrecError
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.torchrec_format import (
+    distrec_plan_dict,
     is_torchrec_plan,
     placement_from_shards,
-    plan_from_torchrec_dict,
     torchrec_dict_from_plan,
 )
 from distrec.planner.torchrec_planner import torchrec_available
@@ -27,28 +27,33 @@ TORCHREC_PLAN = Path(__file__).parent / "data" / "torchrec_plan_tiny.json"
 FIX = "do the fix"
 
 
+def placement(*args) -> TablePlacement:
+    """``placement_from_shards`` as a distrec TablePlacement."""
+    return ShardingPlan.from_dict({"world_size": 2, "tables": [placement_from_shards(*args, FIX)]}).tables[0]
+
+
 def test_table_wise_shard_is_the_whole_table_on_its_rank():
-    placement = placement_from_shards("t", "table_wise", [(1, 0, 100, 0, 16)], FIX)
-    assert placement.sharding == "table_wise" and placement.shards == [Shard(1, 0, 100, 0, 16)]
+    placed = placement("t", "table_wise", [(1, 0, 100, 0, 16)])
+    assert placed.sharding == "table_wise" and placed.shards == [Shard(1, 0, 100, 0, 16)]
 
 
 def test_column_shards_become_a_valid_column_wise_plan():
-    placement = placement_from_shards("t", "column_wise", [(0, 0, 100, 0, 8), (1, 0, 100, 8, 8)], FIX)
-    assert placement.sharding == "column_wise"
-    assert placement.shards == [Shard(0, 0, 100, 0, 8), Shard(1, 0, 100, 8, 16)]
-    ShardingPlan(2, [placement]).validate([TableConfig("t", 100, 16)], memory_per_rank=100 * 8 * 4)
+    placed = placement("t", "column_wise", [(0, 0, 100, 0, 8), (1, 0, 100, 8, 8)])
+    assert placed.sharding == "column_wise"
+    assert placed.shards == [Shard(0, 0, 100, 0, 8), Shard(1, 0, 100, 8, 16)]
+    ShardingPlan(2, [placed]).validate([TableConfig("t", 100, 16)], memory_per_rank=100 * 8 * 4)
 
 
 def test_table_column_wise_is_column_wise_and_one_full_shard_is_table_wise():
-    assert placement_from_shards("t", "table_column_wise", [(0, 0, 100, 0, 4), (0, 0, 100, 4, 12)], FIX).sharding == "column_wise"
-    assert placement_from_shards("t", "column_wise", [(1, 0, 100, 0, 16)], FIX).sharding == "table_wise"
+    assert placement("t", "table_column_wise", [(0, 0, 100, 0, 4), (0, 0, 100, 4, 12)]).sharding == "column_wise"
+    assert placement("t", "column_wise", [(1, 0, 100, 0, 16)]).sharding == "table_wise"
 
 
 @pytest.mark.parametrize("sharding_type", ["row_wise", "table_row_wise"])
 def test_row_shards_become_a_valid_row_wise_plan(sharding_type):
-    placement = placement_from_shards("t", sharding_type, [(0, 0, 50, 0, 16), (1, 50, 50, 0, 16)], FIX)
-    assert placement.sharding == "row_wise" and placement.shards[1] == Shard(1, 50, 100, 0, 16)
-    ShardingPlan(2, [placement]).validate([TableConfig("t", 100, 16)])
+    placed = placement("t", sharding_type, [(0, 0, 50, 0, 16), (1, 50, 50, 0, 16)])
+    assert placed.sharding == "row_wise" and placed.shards[1] == Shard(1, 50, 100, 0, 16)
+    ShardingPlan(2, [placed]).validate([TableConfig("t", 100, 16)])
 
 
 @pytest.mark.parametrize(
@@ -84,20 +89,20 @@ def distrec_plan() -> tuple[ShardingPlan, list[TableConfig]]:
 
 def test_distrec_plan_as_torchrec_parameter_shardings():
     plan, _ = distrec_plan()
-    document = torchrec_dict_from_plan(plan, module="model.ebc")
+    document = torchrec_dict_from_plan(plan.to_dict(), module="model.ebc")
     assert document["world_size"] == 2 and list(document["plan"]) == ["model.ebc"] and document["shapes"] == {"d": [50, 4]}
     a = document["plan"]["model.ebc"]["a"]
     assert a["sharding_type"] == "column_wise" and a["compute_kernel"] == "fused" and a["ranks"] == [0, 1, 1]  # by column offset
     assert a["sharding_spec"][2] == {"shard_offsets": [0, 8], "shard_sizes": [100, 8], "placement": "rank:1/cpu"}
     assert document["plan"]["model.ebc"]["d"] == {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1], "sharding_spec": None}
-    on_gpus = torchrec_dict_from_plan(plan, device="cuda")["plan"]["sparse_arch.embedding_bag_collection"]["b"]
+    on_gpus = torchrec_dict_from_plan(plan.to_dict(), device="cuda")["plan"]["sparse_arch.embedding_bag_collection"]["b"]
     assert on_gpus["sharding_spec"][0]["placement"] == "rank:1/cuda:1"
 
 
 def test_distrec_plan_survives_the_round_trip_through_torchrec_json(tmp_path):
     plan, tables = distrec_plan()
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(torchrec_dict_from_plan(plan)))
+    path.write_text(json.dumps(torchrec_dict_from_plan(plan.to_dict())))
     loaded = ShardingPlan.load(path)
     loaded.validate(tables)
     by_table = {p.table: p for p in plan.tables}
@@ -122,7 +127,7 @@ def test_distrec_plans_still_load_as_before(tmp_path):
     ],
 )
 def test_a_broken_torchrec_plan_is_a_one_line_error_naming_the_snippet(tmp_path, edit, message):
-    document = torchrec_dict_from_plan(distrec_plan()[0])
+    document = torchrec_dict_from_plan(distrec_plan()[0].to_dict())
     edit(document)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(document))
@@ -132,7 +137,7 @@ def test_a_broken_torchrec_plan_is_a_one_line_error_naming_the_snippet(tmp_path,
 
 
 def test_a_torchrec_plan_for_other_tables_fails_validation():
-    plan = plan_from_torchrec_dict(torchrec_dict_from_plan(distrec_plan()[0]))
+    plan = ShardingPlan.from_dict(distrec_plan_dict(torchrec_dict_from_plan(distrec_plan()[0].to_dict())))
     with pytest.raises(DistrecError, match="table .a. .column_wise. is invalid: its columns ranges end at 16, not 32"):
         plan.validate([TableConfig("a", 100, 32), TableConfig("b", 60, 8), TableConfig("c", 80, 12), TableConfig("d", 50, 4)])
 
@@ -196,7 +201,7 @@ def test_torchrec_distributed_model_parallel_trains_on_a_distrec_plan(tmp_path):
     plan = ShardingPlan(2, [p for p in plan.tables if p.sharding != "row_wise"])  # TorchRec shards row-wise only on GPUs
     tables = [(t.name, t.num_rows, t.dim) for t in tables if t.name != "c"]
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(torchrec_dict_from_plan(plan, module="ebc")))  # what distrec plan --format torchrec writes
+    path.write_text(json.dumps(torchrec_dict_from_plan(plan.to_dict(), module="ebc")))  # what distrec plan --format torchrec writes
     ranks = run_distributed(train_dmp_on_rank, 2, json.loads(path.read_text()), tables, 4)
     for rank, result in enumerate(ranks):
         mine = {p.table: sorted([s.row_end - s.row_start, s.col_end - s.col_start] for s in p.shards if s.rank == rank) for p in plan.tables}

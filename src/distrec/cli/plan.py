@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         from distrec.parallel.torchrec_format import torchrec_dict_from_plan
         from distrec.planner.workload import default_device
 
-        atomic_write_json(args.output, torchrec_dict_from_plan(plan, args.torchrec_module, default_device().type))
+        atomic_write_json(args.output, torchrec_dict_from_plan(plan.to_dict(), args.torchrec_module, default_device().type))
     else:
         plan.save(args.output)
     print(format_report(report))

@@ -89,10 +89,10 @@ class ShardingPlan:
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
         """A plan saved by ``save``, or a TorchRec plan in the JSON form of ``distrec.parallel.torchrec_format``."""
-        from distrec.parallel.torchrec_format import is_torchrec_plan, plan_from_torchrec_dict
+        from distrec.parallel.torchrec_format import distrec_plan_dict, is_torchrec_plan
 
         document = read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'")
-        return plan_from_torchrec_dict(document) if is_torchrec_plan(document) else cls.from_dict(document)
+        return cls.from_dict(distrec_plan_dict(document) if is_torchrec_plan(document) else document)
 
     def validate(self, tables: list[TableConfig], memory_per_rank: int | None = None) -> None:
         """Check the plan covers exactly these tables on ranks < world_size (bytes limit optional)."""

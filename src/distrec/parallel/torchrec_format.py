@@ -1,4 +1,4 @@
-"""TorchRec's sharding plan as JSON, and its conversion to and from distrec's ShardingPlan.
+"""TorchRec's sharding plan as JSON, and its conversion to and from distrec's plan format.
 
 TorchRec's ``ShardingPlan`` maps a module's path (as ``DistributedModelParallel`` names it,
 e.g. ``"sparse_arch.embedding_bag_collection"``) to a ``ParameterSharding`` per table. The
@@ -17,6 +17,9 @@ and the [rows, dim] of data-parallel tables, whose TorchRec sharding has no shar
 A plan TorchRec's planner made is saved in this form by the snippet in
 docs/neuroshard-vs-torchrec.md, or by ``torchrec_plan_dict``. ``torchrec_sharding_plan``
 builds the TorchRec objects ``DistributedModelParallel(plan=...)`` takes (needs TorchRec).
+
+The conversions work on distrec's plan as a dict (``ShardingPlan.to_dict`` / ``from_dict``),
+so that ``distrec.parallel.plan`` can use this module without an import cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 from distrec.errors import DistrecError
-from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 
 DISTREC_SHARDING = {
     "table_wise": "table_wise",
@@ -50,8 +52,8 @@ def is_torchrec_plan(document: object) -> bool:
     return isinstance(document, dict) and "plan" in document and "tables" not in document
 
 
-def placement_from_shards(table: str, sharding_type: str, shards: list[tuple[int, int, int, int, int]], fix: str) -> TablePlacement:
-    """distrec's placement of ``table`` from TorchRec's sharding type and shards.
+def placement_from_shards(table: str, sharding_type: str, shards: list[tuple[int, int, int, int, int]], fix: str) -> dict:
+    """distrec's placement of ``table`` (a ``ShardingPlan.to_dict`` entry) from TorchRec's sharding type and shards.
 
     Args:
         table: the table's name.
@@ -64,18 +66,20 @@ def placement_from_shards(table: str, sharding_type: str, shards: list[tuple[int
     or layouts distrec cannot run.
 
     Example:
-        >>> placement_from_shards("a", "column_wise", [(0, 0, 10, 0, 4), (1, 0, 10, 4, 4)], "fix it").shards[1]
-        Shard(rank=1, row_start=0, row_end=10, col_start=4, col_end=8)
+        >>> placement_from_shards("a", "column_wise", [(0, 0, 10, 0, 4), (1, 0, 10, 4, 4)], "fix it")["shards"][1]
+        {'rank': 1, 'row_start': 0, 'row_end': 10, 'col_start': 4, 'col_end': 8}
     """
     sharding = DISTREC_SHARDING.get(sharding_type)
     if sharding is None:
         raise DistrecError(f"TorchRec sharded table {table!r} {sharding_type}, which distrec cannot run; {fix}")
-    placed = [Shard(rank, row, row + rows, col, col + cols) for rank, row, rows, col, cols in shards]
+    placed = [
+        {"rank": rank, "row_start": row, "row_end": row + rows, "col_start": col, "col_end": col + cols} for rank, row, rows, col, cols in shards
+    ]
     if not placed:
         raise DistrecError(f"TorchRec's plan gives table {table!r} no shards; {fix}")
-    num_rows, dim = max(s.row_end for s in placed), max(s.col_end for s in placed)
-    all_rows = all(s.row_start == 0 and s.row_end == num_rows for s in placed)
-    all_columns = all(s.col_start == 0 and s.col_end == dim for s in placed)
+    num_rows, dim = max(s["row_end"] for s in placed), max(s["col_end"] for s in placed)
+    all_rows = all(s["row_start"] == 0 and s["row_end"] == num_rows for s in placed)
+    all_columns = all(s["col_start"] == 0 and s["col_end"] == dim for s in placed)
     fits = {
         "table_wise": len(placed) == 1,
         "column_wise": all_rows,
@@ -86,11 +90,11 @@ def placement_from_shards(table: str, sharding_type: str, shards: list[tuple[int
         raise DistrecError(f"TorchRec's {sharding_type} shards of table {table!r} do not form a distrec {sharding} placement; {fix}")
     if sharding != "data_parallel" and len(placed) == 1:
         sharding = "table_wise"
-    return TablePlacement(table, sharding, placed)
+    return {"table": table, "sharding": sharding, "shards": placed}
 
 
-def plan_from_torchrec_dict(document: dict, fix: str = "save TorchRec's plan with the snippet in docs/neuroshard-vs-torchrec.md") -> ShardingPlan:
-    """distrec's ShardingPlan of a TorchRec plan in the JSON form (see the module doc).
+def distrec_plan_dict(document: dict, fix: str = "save TorchRec's plan with the snippet in docs/neuroshard-vs-torchrec.md") -> dict:
+    """distrec's plan (the ``ShardingPlan.to_dict`` form) of a TorchRec plan in the JSON form (see the module doc).
 
     Tables of every module are placed by name; ``fix`` ends the one-line DistrecErrors.
     """
@@ -103,19 +107,20 @@ def plan_from_torchrec_dict(document: dict, fix: str = "save TorchRec's plan wit
                 placements.append(placement_from_shards(name, sharding["sharding_type"], _shards(name, sharding, shapes, fix), fix))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DistrecError(f"TorchRec plan is malformed ({type(e).__name__}: {e}); {fix}") from None
-    names = [p.table for p in placements]
+    names = [p["table"] for p in placements]
     if len(set(names)) != len(names):
         raise DistrecError(f"TorchRec plan places a table name in two modules ({sorted({n for n in names if names.count(n) > 1})}); distrec needs unique table names; {fix}")
-    return ShardingPlan(world_size, placements)
+    return {"world_size": world_size, "tables": placements}
 
 
-def torchrec_dict_from_plan(plan: ShardingPlan, module: str = DEFAULT_MODULE, device: str = "cpu") -> dict:
-    """The TorchRec JSON form of a distrec plan: every table under ``module``, shards on ``device`` ("cpu" or "cuda")."""
-    replicated = [p for p in plan.tables if p.sharding == "data_parallel"]
+def torchrec_dict_from_plan(plan: dict, module: str = DEFAULT_MODULE, device: str = "cpu") -> dict:
+    """The TorchRec JSON form of a distrec plan (``ShardingPlan.to_dict``): every table under
+    ``module``, shards on ``device`` ("cpu" or "cuda")."""
+    replicated = [p for p in plan["tables"] if p["sharding"] == "data_parallel"]
     return {
-        "world_size": plan.world_size,
-        "shapes": {p.table: [p.shards[0].row_end, p.shards[0].col_end] for p in replicated},
-        "plan": {module: {p.table: _parameter_sharding(p, device) for p in plan.tables}},
+        "world_size": plan["world_size"],
+        "shapes": {p["table"]: [p["shards"][0]["row_end"], p["shards"][0]["col_end"]] for p in replicated},
+        "plan": {module: {p["table"]: _parameter_sharding(p, device) for p in plan["tables"]}},
     }
 
 
@@ -174,24 +179,29 @@ def torchrec_sharding_plan(document: dict) -> Any:
     )
 
 
-def _parameter_sharding(p: TablePlacement, device: str) -> dict:
-    """TorchRec's ParameterSharding fields of one distrec placement."""
-    if p.sharding == "data_parallel":
-        return {"sharding_type": "data_parallel", "compute_kernel": COMPUTE_KERNEL["data_parallel"], "ranks": [s.rank for s in p.shards], "sharding_spec": None}
-    shards = sorted(p.shards, key=lambda s: (s.row_start, s.col_start))  # TorchRec orders shards by offset
+def _parameter_sharding(p: dict, device: str) -> dict:
+    """TorchRec's ParameterSharding fields of one distrec placement (a ``ShardingPlan.to_dict`` entry)."""
+    if p["sharding"] == "data_parallel":
+        return {"sharding_type": "data_parallel", "compute_kernel": COMPUTE_KERNEL["data_parallel"], "ranks": [s["rank"] for s in p["shards"]], "sharding_spec": None}
+    shards = sorted(p["shards"], key=lambda s: (s["row_start"], s["col_start"]))  # TorchRec orders shards by offset
     return {
-        "sharding_type": p.sharding,
+        "sharding_type": p["sharding"],
         "compute_kernel": FUSED_KERNEL,
-        "ranks": [s.rank for s in shards],
+        "ranks": [s["rank"] for s in shards],
         "sharding_spec": [
             {
-                "shard_offsets": [s.row_start, s.col_start],
-                "shard_sizes": [s.row_end - s.row_start, s.col_end - s.col_start],
-                "placement": f"rank:{s.rank}/{device if device == 'cpu' else f'{device}:{s.rank}'}",
+                "shard_offsets": [s["row_start"], s["col_start"]],
+                "shard_sizes": [s["row_end"] - s["row_start"], s["col_end"] - s["col_start"]],
+                "placement": _placement(s["rank"], device),
             }
             for s in shards
         ],
     }
+
+
+def _placement(rank: int, device: str) -> str:
+    """TorchRec's shard placement string: ``rank:0/cpu``, ``rank:3/cuda:3``."""
+    return f"rank:{rank}/cpu" if device == "cpu" else f"rank:{rank}/{device}:{rank}"
 
 
 def _shards(name: str, sharding: dict, shapes: dict, fix: str) -> list[tuple[int, int, int, int, int]]:

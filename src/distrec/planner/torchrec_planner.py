@@ -31,7 +31,7 @@ import torch
 
 from distrec.errors import DistrecError
 from distrec.parallel.plan import ShardingPlan
-from distrec.parallel.torchrec_format import plan_from_torchrec_dict, torchrec_plan_dict
+from distrec.parallel.torchrec_format import distrec_plan_dict, torchrec_plan_dict
 from distrec.planner.types import MIN_SHARD_DIM, PlanConstraints, TableSpec
 from distrec.planner.workload import default_device
 
@@ -83,7 +83,7 @@ def torchrec_plan(
             f"TorchRec's planner found no plan for {devices} devices of {memory_per_device / 2**20:.1f} MiB "
             f"({_first_line(e)}); TorchRec also counts input and output buffers, so raise --memory-per-device or use more devices"
         ) from None
-    plan = plan_from_torchrec_dict(torchrec_plan_dict(result, devices), fix=FIX)
+    plan = ShardingPlan.from_dict(distrec_plan_dict(torchrec_plan_dict(result, devices), fix=FIX))
     missing = sorted({t.name for t in tables} - {p.table for p in plan.tables})
     if missing:
         raise DistrecError(f"TorchRec's planner left tables {missing} unplaced; {FIX}")
