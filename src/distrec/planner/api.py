@@ -10,7 +10,7 @@ from distrec.planner.cost_models import CostModels
 from distrec.planner.emit import build_plan, device_tables, whole_tables
 from distrec.planner.heuristics import HEURISTICS, heuristic_placement
 from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
-from distrec.planner.torchrec_planner import torchrec_plan
+from distrec.planner.torchrec_planner import require_torchrec, torchrec_plan
 from distrec.planner.types import PlanConstraints, TableSpec
 
 ALGORITHMS = ("neuroshard", *HEURISTICS, "torchrec")
@@ -93,6 +93,8 @@ def plan_tables(
     constraints.check(tables, devices)
     check_feasible(tables, devices, memory_per_device, constraints)
     report: dict = {"algorithm": algorithm, "devices": devices, "memory_per_device": memory_per_device}
+    if algorithm == "torchrec" and not constraints.pins:
+        require_torchrec()  # its import (seconds) is not planning time
     start = time.perf_counter()
     if algorithm == "neuroshard":
         if cost_models is None:

@@ -62,7 +62,7 @@ def torchrec_plan(
     """
     if constraints.pins:
         raise DistrecError(f"--algorithm torchrec cannot pin tables ({', '.join(sorted(constraints.pins))}); drop --pin or {FIX}")
-    _import_torchrec()
+    require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -98,13 +98,13 @@ def torchrec_available() -> bool:
 def torchrec_version() -> str | None:
     """The version of TorchRec where its planner imports, else None."""
     try:
-        _import_torchrec()
+        require_torchrec()
     except DistrecError:
         return None
     return getattr(importlib.import_module("torchrec"), "__version__", "unknown")
 
 
-def _import_torchrec() -> None:
+def require_torchrec() -> None:
     """Import TorchRec's planner, or raise the one-line DistrecError naming the install command."""
     try:
         for module in ("torchrec", "torchrec.distributed.embeddingbag", "torchrec.distributed.planner"):
