@@ -77,7 +77,7 @@ class ShardingPlan:
             return cls(
                 world_size=int(d["world_size"]),
                 tables=[
-                    TablePlacement(t["table"], t["sharding"], [Shard(**s) for s in t["shards"]]) for t in d["tables"]
+                    TablePlacement(t["table"], t["sharding"], [Shard(**_integers(s)) for s in t["shards"]]) for t in d["tables"]
                 ],
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -116,6 +116,14 @@ class ShardingPlan:
                         f"sharding plan puts {used / 2**20:.1f} MiB of tables on rank {rank}, over the "
                         f"{memory_per_rank / 2**20:.1f} MiB limit; use more ranks, a larger limit or a row-wise plan"
                     )
+
+
+def _integers(shard: dict) -> dict:
+    """A shard's fields, which must all be JSON integers (TypeError naming the first that is not)."""
+    for key, value in shard.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"shard {key} is {value!r}, not an integer")
+    return shard
 
 
 def _validate_placement(p: TablePlacement, t: TableConfig, world_size: int) -> None:
