@@ -88,7 +88,11 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
-        return cls.from_dict(read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'"))
+        """A plan saved by ``save``, or a TorchRec plan in the JSON form of ``distrec.parallel.torchrec_format``."""
+        from distrec.parallel.torchrec_format import distrec_plan_dict, is_torchrec_plan
+
+        document = read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'")
+        return cls.from_dict(distrec_plan_dict(document) if is_torchrec_plan(document) else document)
 
     def validate(self, tables: list[TableConfig], memory_per_rank: int | None = None) -> None:
         """Check the plan covers exactly these tables on ranks < world_size (bytes limit optional)."""
