@@ -14,8 +14,6 @@ import json
 import logging
 import math
 import os
-import random
-import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,26 +42,10 @@ from distrec.train.checkpoint import find_checkpoint
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
 from distrec.train.evaluate import default_device, predict
 from distrec.train.metrics import click_metrics
-from distrec.train.run import BREAKDOWN_FILE, CONFIG_FILE, METRICS_FILE, PLAN_FILE, SUMMARY_FILE, MetricsLog, split_rows
+from distrec.train.run import BREAKDOWN_FILE, CONFIG_FILE, METRICS_FILE, PLAN_FILE, SUMMARY_FILE, MetricsLog, peak_rss_per_rank, seed_everything, split_rows
 
 METRICS = ("auc", "logloss", "accuracy", "ne")
 logger = logging.getLogger(__name__)
-
-
-def peak_rss_per_rank(distributed: bool) -> list[int]:
-    """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
-    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    if not distributed:
-        return [mine]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 @dataclass
