@@ -22,6 +22,7 @@ ROWS, DIM = 12, 5
 def rows_per_block(request, monkeypatch):
     """Run every test with all rows in one block and with many small blocks."""
     monkeypatch.setattr(optim, "ROWS_PER_BLOCK", request.param)
+    monkeypatch.setattr(optim, "DISTINCT_ROWS_PER_BLOCK", request.param)
 
 
 def sparse_grad(rows: list[int], seed: int) -> torch.Tensor:
