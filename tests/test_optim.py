@@ -48,6 +48,15 @@ def run(optimizer_cls, grads: list[torch.Tensor], **kwargs) -> tuple[nn.Paramete
     return param, opt
 
 
+def test_gradients_with_distinct_increasing_rows_count_as_coalesced_without_the_flag():
+    values = torch.randn(3, DIM, dtype=torch.float64)
+    grad = torch.sparse_coo_tensor(torch.tensor([[1, 4, 9]]), values, (ROWS, DIM), check_invariants=True)
+    assert not grad.is_coalesced() and optim.has_distinct_rows(grad)
+    assert coalesced_rows(grad)[1].data_ptr() == values.data_ptr()  # taken as is, not summed again
+    assert not optim.has_distinct_rows(sparse_grad([1, 4, 4], seed=0))
+    assert not optim.has_distinct_rows(sparse_grad([4, 1], seed=0))
+
+
 def test_coalesced_rows_sums_repeats():
     grad = sparse_grad([3, 1, 3], seed=0)
     rows, summed = coalesced_rows(grad)
