@@ -160,7 +160,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
             state["sum"] = torch.full((param.shape[0],), group["initial_accumulator_value"], dtype=param.dtype, device=param.device)
         accumulator = state["sum"]
         for rows, g in row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK):
-            accumulator.index_add_(0, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
+            add_to_distinct_rows(accumulator, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
             scale = accumulator.index_select(0, rows).sqrt_().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
             add_to_distinct_rows(param, rows, g * scale.unsqueeze(1))
 
