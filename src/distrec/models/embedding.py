@@ -170,8 +170,9 @@ class EmbeddingBagCollection(nn.Module):
     All tables live in one parameter ``weight`` [sum of rows, D], stacked in the order of
     ``tables`` (the Batch's feature order); ``table_rows(name)`` gives a table's row range
     and ``table_weight(name)`` a view of it. One ``embedding_bag`` call pools every feature, and the gradient of ``weight``
-    is a sparse COO tensor holding only the looked-up rows (uncoalesced, one entry per
-    lookup), so no dense table-sized gradient is ever made. Gradients of several backward
+    is a sparse COO tensor holding only the looked-up rows (one entry per lookup for
+    single-hot batches, one per distinct row for multi-hot ones, pooled in the batch's
+    feature-major order), so no dense table-sized gradient is ever made. Gradients of several backward
     passes before one optimizer step accumulate (their entries are concatenated).
 
     Rows are initialised uniformly in +-sqrt(1 / num_rows), as in the DLRM reference code,
