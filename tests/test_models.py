@@ -10,7 +10,7 @@ from distrec.config import PRESETS, ModelConfig, apply_preset
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.build import build_model
-from distrec.models.embedding import EmbeddingBagCollection, sample_major
+from distrec.models.embedding import EmbeddingBagCollection, feature_major, sample_major
 from distrec.models.interaction import CatInteraction, CrossNet, DotInteraction, pair_positions, symmetric_pair_map
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
@@ -59,12 +59,15 @@ def reference_pooled(bags: list[nn.EmbeddingBag], batch: Batch) -> torch.Tensor:
     return torch.stack(outs, dim=1)
 
 
-@pytest.mark.parametrize("max_bag", [1, 3])
+@pytest.mark.parametrize("max_bag", [0, 1, 3], ids=["single-hot", "0-1-per-bag", "0-3-per-bag"])
 def test_embedding_bag_collection_matches_per_table_embedding_bags(max_bag):
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(TABLES)
     bags = reference_bags(ebc)
-    batch = random_batch(TABLES, batch_size=5, num_dense=2, max_bag=max_bag, seed=1)
+    if max_bag == 0:
+        batch = single_hot_batch(TABLES, batch_size=5, seed=1)
+    else:
+        batch = random_batch(TABLES, batch_size=5, num_dense=2, max_bag=max_bag, seed=1)
     out = ebc(batch)
     expected = reference_pooled(bags, batch)
     assert out.shape == (5, 3, 4) and out.is_contiguous()
@@ -101,6 +104,37 @@ def test_sample_major_equals_naive_reorder(max_bag):
         batch = random_batch(TABLES, batch_size=6, num_dense=1, max_bag=max_bag, seed=2)
     rows, offsets, _ = sample_major(batch.sparse_values, batch.sparse_offsets, torch.tensor(row_offsets))
     assert (rows.tolist(), offsets.tolist()) == naive_sample_major(batch, row_offsets)
+
+
+def test_feature_major_shifts_indices_in_place_and_knows_each_rows_bag():
+    row_offsets = [0, 7, 10]
+    batch = random_batch(TABLES, batch_size=6, num_dense=1, max_bag=3, seed=4)
+    bags = feature_major(batch.sparse_values, batch.sparse_offsets, torch.tensor(row_offsets))
+    b = batch.batch_size
+    expected_rows, expected_bag = [], []
+    for f, shift in enumerate(row_offsets):
+        for s in range(b):
+            start, end = batch.sparse_offsets[f * b + s], batch.sparse_offsets[f * b + s + 1]
+            expected_rows += [int(v) + shift for v in batch.sparse_values[start:end]]
+            expected_bag += [f * b + s] * int(end - start)
+    assert bags.rows.tolist() == expected_rows
+    assert bags.bag_of_row.tolist() == expected_bag
+    assert torch.equal(bags.offsets, batch.sparse_offsets)
+    single = single_hot_batch(TABLES, batch_size=4, seed=5)
+    assert feature_major(single.sparse_values, single.sparse_offsets, torch.tensor(row_offsets)).bag_of_row is None
+
+
+def test_embedding_gradient_entries_per_lookup_when_single_hot_and_per_row_when_multi_hot():
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(TABLES)
+    single = single_hot_batch(TABLES, batch_size=9, seed=6)
+    ebc(single).sum().backward()
+    assert ebc.weight.grad._nnz() == single.sparse_values.numel()
+    ebc.weight.grad = None
+    multi = random_batch(TABLES, batch_size=9, num_dense=1, max_bag=3, seed=6)
+    ebc(multi).sum().backward()
+    shifted = feature_major(multi.sparse_values, multi.sparse_offsets, ebc.row_offsets).rows
+    assert ebc.weight.grad._indices()[0].tolist() == sorted(set(shifted.tolist()))  # one entry per distinct row
 
 
 def test_embedding_gradients_of_two_backward_passes_accumulate():

@@ -22,6 +22,7 @@ ROWS, DIM = 12, 5
 def rows_per_block(request, monkeypatch):
     """Run every test with all rows in one block and with many small blocks."""
     monkeypatch.setattr(optim, "ROWS_PER_BLOCK", request.param)
+    monkeypatch.setattr(optim, "DISTINCT_ROWS_PER_BLOCK", request.param)
 
 
 def sparse_grad(rows: list[int], seed: int) -> torch.Tensor:
@@ -45,6 +46,15 @@ def run(optimizer_cls, grads: list[torch.Tensor], **kwargs) -> tuple[nn.Paramete
         param.grad = grad
         opt.step()
     return param, opt
+
+
+def test_gradients_with_distinct_increasing_rows_count_as_coalesced_without_the_flag():
+    values = torch.randn(3, DIM, dtype=torch.float64)
+    grad = torch.sparse_coo_tensor(torch.tensor([[1, 4, 9]]), values, (ROWS, DIM), check_invariants=True)
+    assert not grad.is_coalesced() and optim.has_distinct_rows(grad)
+    assert coalesced_rows(grad)[1].data_ptr() == values.data_ptr()  # taken as is, not summed again
+    assert not optim.has_distinct_rows(sparse_grad([1, 4, 4], seed=0))
+    assert not optim.has_distinct_rows(sparse_grad([4, 1], seed=0))
 
 
 def test_coalesced_rows_sums_repeats():

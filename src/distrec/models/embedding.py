@@ -64,6 +64,45 @@ def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch
     return Bags(values[source] + row_offsets.repeat(batch_size)[bag], bag_offsets, bag)
 
 
+def bags_of_rows(rows: torch.Tensor, offsets: torch.Tensor) -> Bags:
+    """``Bags`` of ``rows`` int64 [nnz] cut at ``offsets`` int64 [bags + 1] (any bag order),
+    with the bag of each row (None when every bag holds exactly one row).
+
+    Example:
+        >>> bags_of_rows(torch.tensor([4, 7, 2]), torch.tensor([0, 2, 3])).bag_of_row
+        tensor([0, 0, 1])
+    """
+    num_bags = offsets.numel() - 1
+    lengths = torch.diff(offsets)
+    if rows.numel() == num_bags and bool(torch.all(lengths == 1)):
+        return Bags(rows, offsets, None)
+    bag = torch.repeat_interleave(torch.arange(num_bags, device=rows.device), lengths, output_size=rows.numel())
+    return Bags(rows, offsets, bag)
+
+
+def feature_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor) -> Bags:
+    """A feature-major jagged batch as bags of fused-table rows, in the batch's own order.
+
+    Unlike ``sample_major`` nothing is reordered: each feature's indices are shifted to its
+    table's rows, and pooling yields [F * B, D] (bag ``f * B + b``), which a transpose of the
+    pooled vectors (B * F of them, not one per index) turns into [B, F, D].
+
+    Args:
+        values: int64 [nnz] row indices, feature-major (see ``Batch``).
+        offsets: int64 [F * B + 1] bag boundaries, bag ``f * B + b`` for feature f, sample b.
+        row_offsets: int64 [F] first row of each feature's table in the fused table.
+
+    Example:
+        >>> feature_major(torch.tensor([1, 2, 0]), torch.tensor([0, 2, 3]), torch.tensor([10]))[0]
+        tensor([11, 12, 10])
+    """
+    num_features = row_offsets.numel()
+    batch_size = (offsets.numel() - 1) // num_features
+    per_feature = torch.diff(offsets[::batch_size]) if batch_size else offsets.new_zeros(num_features)
+    rows = values + torch.repeat_interleave(row_offsets, per_feature, output_size=values.numel())
+    return bags_of_rows(rows, offsets)
+
+
 def sum_by_row(
     rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_of_entry: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,8 +148,9 @@ class _SumPooling(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         bags: Bags = ctx.bags
+        grad = grad.contiguous()
         if bags.bag_of_row is None:
-            rows, values = bags.rows, grad.contiguous()
+            rows, values = bags.rows, grad
         else:
             rows, values = sum_by_row(bags.rows, grad, ctx.weight_shape[0], bags.bag_of_row)
         coalesced = bags.bag_of_row is not None
@@ -130,8 +170,9 @@ class EmbeddingBagCollection(nn.Module):
     All tables live in one parameter ``weight`` [sum of rows, D], stacked in the order of
     ``tables`` (the Batch's feature order); ``table_rows(name)`` gives a table's row range
     and ``table_weight(name)`` a view of it. One ``embedding_bag`` call pools every feature, and the gradient of ``weight``
-    is a sparse COO tensor holding only the looked-up rows (uncoalesced, one entry per
-    lookup), so no dense table-sized gradient is ever made. Gradients of several backward
+    is a sparse COO tensor holding only the looked-up rows (one entry per lookup for
+    single-hot batches, one per distinct row for multi-hot ones, pooled in the batch's
+    feature-major order), so no dense table-sized gradient is ever made. Gradients of several backward
     passes before one optimizer step accumulate (their entries are concatenated).
 
     Rows are initialised uniformly in +-sqrt(1 / num_rows), as in the DLRM reference code,
@@ -206,8 +247,15 @@ class EmbeddingBagCollection(nn.Module):
                 "use the tables of the same data set"
             )
         self._check_indices(batch)
-        bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
-        return pool_sum(self.weight, bags).view(batch.batch_size, self.num_features, self.dim)
+        shape = (batch.batch_size, self.num_features, self.dim)
+        if batch.sparse_values.numel() == batch.batch_size * self.num_features:  # single-hot: reorder the indices
+            bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
+            if bags.bag_of_row is None:
+                return pool_sum(self.weight, bags).view(shape)
+        # multi-hot: pool in the batch's feature-major order, then transpose the pooled vectors
+        bags = feature_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
+        pooled = pool_sum(self.weight, bags).view(self.num_features, batch.batch_size, self.dim)
+        return pooled.transpose(0, 1).contiguous()
 
     def _check_indices(self, batch: Batch) -> None:
         """Raise DistrecError if an index falls outside its own table (it would hit a neighbour)."""

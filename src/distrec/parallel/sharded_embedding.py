@@ -34,6 +34,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.embedding import bags_of_rows, pool_sum
 from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.sparse_grads import average_sparse_grads
@@ -209,7 +210,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """Pool received bags (ordered source, unit, sample) with one ``embedding_bag`` per width group.
 
         Returns, per width group, its bags' vectors in (source, unit, sample) order,
-        [bags of the group, width] (sparse gradients for the fused weights).
+        [bags of the group, width]. The fused weights get sparse gradients (``pool_sum``:
+        one entry per distinct row with multi-hot bags, so no per-index gradient is made).
         """
         n_local = len(self.local_units)
         device = values.device
@@ -220,19 +222,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         base = torch.tensor(self.unit_base, device=device, dtype=values.dtype)
         group_of_unit = torch.tensor(self.unit_group, device=device)
         rows = values + torch.repeat_interleave(base[unit_of_bag], lengths, output_size=values.numel())
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
-        torch.cumsum(lengths, 0, out=offsets[1:])
         pooled_by_group = []
         for g, weight in enumerate(self.weights):
             if len(self.weights) == 1:
-                g_rows, g_offsets = rows, offsets[:-1]
+                g_rows, g_lengths = rows, lengths
             else:
                 bag_mask = group_of_unit[unit_of_bag] == g
                 value_mask = torch.repeat_interleave(bag_mask, lengths, output_size=values.numel())
                 g_rows = rows[value_mask]
                 g_lengths = lengths[bag_mask]
-                g_offsets = torch.cumsum(g_lengths, 0) - g_lengths
-            pooled_by_group.append(F.embedding_bag(g_rows, weight, g_offsets, mode="sum", sparse=True))
+            g_offsets = torch.zeros(g_lengths.numel() + 1, dtype=torch.int64, device=device)
+            torch.cumsum(g_lengths, 0, out=g_offsets[1:])
+            pooled_by_group.append(pool_sum(weight, bags_of_rows(g_rows, g_offsets)))
         return pooled_by_group
 
     def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:

@@ -1,0 +1,1 @@
+"""Pure-PyTorch building blocks of the embedding hot path (no compiled extension)."""
