@@ -54,6 +54,7 @@ from distrec.train.metrics import click_metrics
 from distrec.towers.checkpoint import export_towers
 from distrec.towers.model import dmt_cost
 from distrec.towers.partition import resolve_towers
+from distrec.train.rng import capture_rng, restore_rng
 from distrec.train.optim import SparseRowOptimizer, make_optimizers, optimizer_of
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
@@ -289,7 +290,7 @@ class Trainer:
         """This rank's part of a checkpoint: dense weights and optimizer, embedding blocks, progress, RNG."""
         position = {
             "progress": vars(self.progress).copy(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "rng": capture_rng(),
         }
         if isinstance(self.hotline, HotlineTraining):  # its tables are files beside this state (see save)
             return {"hotline": self.hotline.state_dict(), "blocks": [], **position}
@@ -346,9 +347,7 @@ class Trainer:
             if self.hotline is not None:
                 self.hotline.load_state_dict(own["hotline"])
         self.progress = Progress(**own["progress"])
-        torch.set_rng_state(own["rng"]["torch"])
-        np.random.set_state(own["rng"]["numpy"])
-        random.setstate(own["rng"]["python"])
+        restore_rng(own["rng"])
 
     def checkpoint_meta(self, blocks_by_rank: list[list[dict]]) -> dict[str, Any]:
         return {
