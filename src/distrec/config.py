@@ -124,6 +124,7 @@ class ParallelConfig:
     the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
     default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
+    ``timeout_seconds``: how long a collective waits for a silent rank before failing.
     """
 
     embeddings: str = "sharded"
@@ -135,6 +136,7 @@ class ParallelConfig:
     ranks_per_host: int | None = None
     towers: str | None = None
     tower_sharding: str = "table_wise"
+    timeout_seconds: float = 600.0
 
 
 @dataclass
