@@ -75,6 +75,7 @@ CONFIG_FIELDS = {
     "towers": "parallel.towers",
     "tower_sharding": "parallel.tower_sharding",
     "memory_per_rank": "parallel.memory_per_rank",
+    "timeout_seconds": "parallel.timeout_seconds",
     "tower_module": "model.tower_module",
     "compression": "model.tower_compression",
     "tower_dim": "model.tower_dim",
