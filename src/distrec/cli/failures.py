@@ -24,11 +24,12 @@ INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the sign
 
 
 class Interrupted(KeyboardInterrupt):
-    """The command was stopped by ``signum`` (Ctrl-C or SIGTERM)."""
+    """The command was stopped by ``signum`` (Ctrl-C or SIGTERM); ``detail`` says what was kept."""
 
-    def __init__(self, signum: int = signal.SIGINT) -> None:
+    def __init__(self, signum: int = signal.SIGINT, detail: str = "") -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signal.Signals(signum)
+        self.detail = detail
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
@@ -69,7 +70,8 @@ def report_interrupted(e: KeyboardInterrupt) -> int:
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     if not in_worker():
         how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signum.name}"
-        print(f"distrec: {how}; a checkpoint already written is intact: continue a training run with 'distrec train --resume DIR'", file=sys.stderr)
+        detail = e.detail if isinstance(e, Interrupted) else ""
+        print(f"distrec: {how}" + (f"; {detail}" if detail else ""), file=sys.stderr)
     return INTERRUPTED_STATUS.get(signum, 128 + int(signum))
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -80,17 +81,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @contextmanager
 def _quiet_launcher() -> Iterator[None]:
-    """Silence torch's elastic launcher's log lines (its report of a failed worker repeats
-    what the workers reported) for the duration of the block."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+    """No log lines in this process during the block: torch's elastic launcher logs each
+    failed worker and each signal, repeating what the workers and this command report."""
+    before = logging.root.manager.disable
+    logging.disable(logging.ERROR)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(before)
 
 
 def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int:
@@ -183,13 +181,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         out = Path(args.out) if args.out else _default_out()
     if not (args.resume or args.overwrite or _restart_count() > 0):
         _check_out(out)
-    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
-        check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
-        return _launch_workers(args, argv, out)
-    timeout = cfg.parallel.timeout_seconds
-    with trusting(args), naming_silent_ranks(timeout):
-        init_from_env(default_device(), timeout)  # the trainer joins this group
-        summary = train(cfg, out, resume=bool(args.resume) or _restarted_with_checkpoint(out), progress=not args.no_progress)
+    try:
+        if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+            check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
+            return _launch_workers(args, argv, out)
+        timeout = cfg.parallel.timeout_seconds
+        with trusting(args), naming_silent_ranks(timeout):
+            init_from_env(default_device(), timeout)  # the trainer joins this group
+            summary = train(cfg, out, resume=bool(args.resume) or _restarted_with_checkpoint(out), progress=not args.no_progress)
+    except KeyboardInterrupt as e:
+        raise Interrupted(getattr(e, "signum", signal.SIGINT), _what_was_kept(out)) from None
     if summary is not None:
         if "dmt" in summary:
             print(dmt_line(summary["dmt"]))
@@ -211,6 +212,19 @@ def _restarted_with_checkpoint(out: Path) -> bool:
     from distrec.train.checkpoint import has_checkpoint
 
     return _restart_count() > 0 and has_checkpoint(out)
+
+
+def _what_was_kept(out: Path) -> str:
+    """What an interrupted run leaves: the last complete checkpoint and how to continue."""
+    from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+
+    if not has_checkpoint(out):
+        return f"no checkpoint was written in {str(out)!r} yet"
+    try:
+        step = read_meta(find_checkpoint(out))["step"]
+    except DistrecError:
+        return f"the checkpoint in {str(out)!r} is unreadable"
+    return f"the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
 
 
 def _restart_count() -> int:
