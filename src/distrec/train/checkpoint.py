@@ -39,7 +39,7 @@ CHECKSUMS = "sha256"  # meta.json key: file name -> SHA-256 hex digest of that f
 TRUST_FLAG = "--trust-checkpoint"
 RESTART_FIX = "resume from an earlier checkpoint (a copy of the run directory) or retrain"
 
-_trust_pickles = False
+_unpickled: set[Path] | None = None  # inside trusting_pickles(): the files unpickled (and warned about) so far
 
 
 def state_file(rank: int = 0) -> str:
@@ -51,12 +51,12 @@ def state_file(rank: int = 0) -> str:
 def trusting_pickles() -> Iterator[None]:
     """Inside the block, a state file that ``weights_only`` loading rejects (a format-2
     checkpoint) is unpickled after a warning line: only for checkpoints from a trusted source."""
-    global _trust_pickles
-    before, _trust_pickles = _trust_pickles, True
+    global _unpickled
+    before, _unpickled = _unpickled, set()
     try:
         yield
     finally:
-        _trust_pickles = before
+        _unpickled = before
 
 
 def file_checksum(path: Path) -> str:
@@ -106,8 +106,8 @@ def _disk_full_as_error(target: Path, staging: Path, needed_bytes: int) -> Itera
         free = shutil.disk_usage(target.parent).free
         if getattr(e, "errno", None) == errno.ENOSPC or (isinstance(e, RuntimeError) and free < needed_bytes):
             raise DistrecError(
-                f"no space left to save the checkpoint {str(target)!r}: it needs about {needed_bytes / 2**20:,.1f} MiB "
-                f"and {free / 2**20:,.1f} MiB are free; free some space (the previous checkpoint is intact) or pass another --out"
+                f"no space left to save the checkpoint {str(target)!r}: it needs about {needed_bytes / 2**20:,.2f} MiB "
+                f"and {free / 2**20:,.2f} MiB are free; free some space (the previous checkpoint is intact) or pass another --out"
             ) from None
         raise
 
@@ -202,9 +202,13 @@ def _meta_json(checkpoint: Path) -> dict[str, Any]:
         meta = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
         raise DistrecError(f"checkpoint metadata {str(path)!r} is unreadable ({type(e).__name__}); {RESTART_FIX}") from None
-    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or "format_version" not in meta:
+        raise DistrecError(f"checkpoint metadata {str(path)!r} holds no format_version; {RESTART_FIX}")
+    version = meta["format_version"]
     if version not in (FORMAT_VERSION, PICKLED_FORMAT_VERSION):
         raise DistrecError(f"checkpoint {str(checkpoint)!r} has format {version}, this distrec reads {FORMAT_VERSION}; use the matching distrec version")
+    if version == FORMAT_VERSION and not isinstance(meta.get(CHECKSUMS), dict):
+        raise DistrecError(f"checkpoint metadata {str(path)!r} holds no checksums ({CHECKSUMS}); {RESTART_FIX}")
     return meta
 
 
@@ -244,14 +248,16 @@ def load_state(checkpoint: Path, rank: int = 0, map_location: Any = None) -> dic
     except pickle.UnpicklingError as e:
         if "weights_only" not in str(e) and "Weights only" not in str(e):
             raise DistrecError(f"checkpoint file {str(f)!r} is unreadable ({type(e).__name__}); {RESTART_FIX}") from None
-        if not _trust_pickles:
+        if _unpickled is None:
             raise DistrecError(
                 f"checkpoint file {str(f)!r} holds pickled Python objects, which loading would run as code "
                 f"(an older distrec's checkpoint, or a tampered one); add {TRUST_FLAG} only if you trust where it came from"
             ) from None
     except (RuntimeError, EOFError, ValueError, OSError) as e:
         raise DistrecError(f"checkpoint file {str(f)!r} is unreadable ({type(e).__name__}); {RESTART_FIX}") from None
-    print(f"distrec: warning: {TRUST_FLAG}: unpickling {str(f)!r}, which runs any code it holds", file=sys.stderr)
+    if f not in _unpickled:
+        print(f"distrec: warning: {TRUST_FLAG}: unpickling {str(f)!r}, which runs any code it holds", file=sys.stderr)
+        _unpickled.add(f)
     return torch.load(f, map_location=map_location, weights_only=False, mmap=True)
 
 
