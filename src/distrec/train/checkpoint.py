@@ -95,19 +95,20 @@ def _disk_full_as_error(target: Path, staging: Path, needed_bytes: int) -> Itera
     remove it and propagate.
 
     torch.save reports a full disk as a RuntimeError ("unexpected pos"), so a RuntimeError
-    counts as a full disk when less space than ``needed_bytes`` is free once staging is gone.
+    counts as a full disk when ``needed_bytes`` do not fit in the free space plus what the
+    partial files take (freed once they are removed and the failed writer is gone).
     """
     try:
         yield
     except (OSError, RuntimeError) as e:
+        free = shutil.disk_usage(target.parent).free + (_directory_bytes(staging) if staging.is_dir() else staging.stat().st_size if staging.exists() else 0)
         if staging.is_dir():
             shutil.rmtree(staging, ignore_errors=True)
         staging.unlink(missing_ok=True)
-        free = shutil.disk_usage(target.parent).free
         if getattr(e, "errno", None) == errno.ENOSPC or (isinstance(e, RuntimeError) and free < needed_bytes):
             raise DistrecError(
                 f"no space left to save the checkpoint {str(target)!r}: it needs about {needed_bytes / 2**20:,.2f} MiB "
-                f"and {free / 2**20:,.2f} MiB are free; free some space (the previous checkpoint is intact) or pass another --out"
+                f"and {free / 2**20:,.2f} MiB are free; free some space or pass another --out (the previous checkpoint is intact)"
             ) from None
         raise
 
