@@ -80,11 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 @contextmanager
-def _quiet_launcher() -> Iterator[None]:
-    """No log lines in this process during the block: torch's elastic launcher logs each
-    failed worker and each signal, repeating what the workers and this command report."""
+def _quiet_launcher(announce_failures: bool) -> Iterator[None]:
+    """Few log lines in this process during the block: torch's elastic launcher logs each
+    signal and failed worker, repeating what the workers and this command report. With
+    ``announce_failures`` its error lines stay (they announce the failures it restarts after)."""
     before = logging.root.manager.disable
-    logging.disable(logging.ERROR)
+    logging.disable(logging.WARNING if announce_failures else logging.ERROR)
     try:
         yield
     finally:
@@ -122,7 +123,7 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
         worker_argv.append("--overwrite")  # checked here; rank 0's files must not stop the others
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc_per_node)))
     launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
-    with tempfile.TemporaryDirectory(prefix="distrec-worker-errors-") as errors, _quiet_launcher():
+    with tempfile.TemporaryDirectory(prefix="distrec-worker-errors-") as errors, _quiet_launcher(announce_failures=args.max_restarts > 0):
         os.environ[WORKER_ERRORS_ENV] = errors
         try:
             torchrun.main(launcher + ["-m", "distrec", *worker_argv])
