@@ -17,6 +17,7 @@ from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.loop import load_trained_model
+from test_cli import assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
         "--set", "train.threads=1", "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad", "--no-progress"]
@@ -150,17 +151,6 @@ class MakesMarker:
         return (os.system, (f"touch {self.path}",))
 
 
-def one_line_error(capsys, argv, *fragments):
-    status = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert status == 2 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("distrec: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
-
-
 def rewrite_checksum(checkpoint, name):
     """Record the current bytes of ``name`` in meta.json, as a forger would."""
     from distrec.train.checkpoint import file_checksum
@@ -183,9 +173,9 @@ def test_a_malicious_pickle_in_a_checkpoint_runs_no_code(tmp_path, capsys, run, 
     marker = tmp_path / "pwned"
     torch.save({"dense": MakesMarker(marker)}, run / "checkpoint" / "state-rank0.pt")
     argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else ["train", "--resume", run, "--max-steps", 8, "--no-progress"]
-    one_line_error(capsys, argv, "state-rank0.pt", "is corrupt", "earlier checkpoint")  # meta.json's checksum catches it first
+    assert_one_line_error(capsys, argv, "state-rank0.pt", "is corrupt", "earlier checkpoint")  # meta.json's checksum catches it first
     rewrite_checksum(run / "checkpoint", "state-rank0.pt")
-    one_line_error(capsys, argv, "state-rank0.pt", "pickled Python objects", "--trust-checkpoint")
+    assert_one_line_error(capsys, argv, "state-rank0.pt", "pickled Python objects", "--trust-checkpoint")
     assert not marker.exists()
 
 
@@ -210,7 +200,7 @@ def test_an_old_pickled_checkpoint_loads_only_when_trusted(tmp_path, capsys, run
     meta["format_version"] = 2
     del meta["sha256"]
     (checkpoint / "meta.json").write_text(json.dumps(meta))
-    one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], "pickled Python objects", "--trust-checkpoint")
+    assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], "pickled Python objects", "--trust-checkpoint")
     assert main(["evaluate", "--checkpoint", str(run), "--no-progress", "--trust-checkpoint"]) == 0
     out, err = capsys.readouterr()
     assert "auc" in json.loads(out)
@@ -242,13 +232,13 @@ def overwrite_8kb(path):
 def test_a_corrupt_state_file_is_named_in_one_line(capsys, run, damage, command):
     damage(run / "checkpoint" / "state-rank0.pt")
     argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else ["train", "--resume", run, "--max-steps", 8, "--no-progress"]
-    one_line_error(capsys, argv, str(run / "checkpoint" / "state-rank0.pt"), "is corrupt", "resume from an earlier checkpoint", "retrain")
+    assert_one_line_error(capsys, argv, str(run / "checkpoint" / "state-rank0.pt"), "is corrupt", "resume from an earlier checkpoint", "retrain")
 
 
 @pytest.mark.parametrize("content", [b"", b'{"format_version": 3, "step": ', b"\xff\xfe not json", b"[1, 2]", b'{"format_version": 3}'])
 def test_a_broken_meta_json_is_named_in_one_line(capsys, run, content):
     (run / "checkpoint" / "meta.json").write_bytes(content)
-    one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(run / "checkpoint" / "meta.json"), "earlier checkpoint")
+    assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(run / "checkpoint" / "meta.json"), "earlier checkpoint")
 
 
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(capsys, run, monkeypatch):
@@ -265,7 +255,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save_until_full)
-    line = one_line_error(capsys, ["train", "--resume", run, "--max-steps", 8, "--no-progress"],
+    line = assert_one_line_error(capsys, ["train", "--resume", run, "--max-steps", 8, "--no-progress"],
                           f"no space left to save the checkpoint {str(run / 'checkpoint')!r}", "MiB", "previous checkpoint is intact")
     monkeypatch.undo()
     needed = float(line.split("needs about ")[1].split(" MiB")[0].replace(",", ""))

@@ -15,6 +15,7 @@ import torch
 from distrec.cli import main
 from distrec.train.checkpoint import find_checkpoint, read_meta
 from distrec.train.loop import load_trained_model
+from test_cli import assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
         "--batch-size", "64", "--no-progress"]
@@ -26,16 +27,6 @@ def cache_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
 
 
-def one_line_error(capsys, argv, *fragments):
-    status = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert status == 2 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("distrec: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 def stderr_lines(stderr):
     return [line for line in stderr.splitlines() if line.strip()]
 
@@ -45,12 +36,12 @@ def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
     assert main(["train", *TINY, "--max-steps", "2", "--out", str(run)]) == 0
     capsys.readouterr()
     before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
-    one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run], f"--out {str(run)!r} already holds files",
+    assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run], f"--out {str(run)!r} already holds files",
                    "checkpoint", "--resume", "--overwrite")
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing touched
     assert main(["train", *TINY, "--max-steps", "3", "--out", str(run), "--overwrite"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 3
-    one_line_error(capsys, ["train", "--resume", run, "--overwrite", "--max-steps", 4], "--overwrite cannot change a resumed run")
+    assert_one_line_error(capsys, ["train", "--resume", run, "--overwrite", "--max-steps", 4], "--overwrite cannot change a resumed run")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +56,7 @@ def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
 )
 def test_bad_process_options_are_one_line(capsys, tmp_path, monkeypatch, argv, fragments):
     monkeypatch.chdir(tmp_path)
-    one_line_error(capsys, [*argv, "--no-progress"], *fragments)
+    assert_one_line_error(capsys, [*argv, "--no-progress"], *fragments)
     assert not (tmp_path / "runs").exists()  # refused before a run directory is made
 
 
