@@ -320,10 +320,10 @@ def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, ar
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from distrec.models.tower_modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
     from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
     from distrec.parallel.sptt import FeatureLayout
     from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
-    from distrec.towers.modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
     from distrec.train.metrics import click_metrics
     from distrec.train.optim import LazyAdam
 

@@ -63,11 +63,12 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     from distrec import config
     from distrec.data import Dataset, prepare
     from distrec.models.build import build_model
+    from distrec.models.dmt import tower_spec
+    from distrec.models.dmt_cost import dmt_cost
+    from distrec.models.tower_modules import compression_ratio
     from distrec.towers.from_run import pairwise_interaction
-    from distrec.towers.model import dmt_cost, tower_spec
-    from distrec.towers.modules import compression_ratio
     from distrec.towers.partition import partition_features, resolve_towers
-    from distrec.train.loop import evaluate
+    from distrec.train.evaluate import evaluate
 
     fmt, path, towers, max_ratio, epochs = DATASETS[name]
     epochs = 1 if args.quick else epochs

@@ -83,7 +83,8 @@ def logistic_regression_aucs(dataset, splits: dict[str, np.ndarray]) -> dict[str
 def run_dataset(name: str, seeds: list[int], out: Path, threads: int) -> dict:
     from distrec import config
     from distrec.data import Dataset, prepare
-    from distrec.train.loop import split_rows, train
+    from distrec.train.loop import train
+    from distrec.train.run import split_rows
 
     config_file, path = DATASETS[name]
     result: dict = {"config": str(config_file.relative_to(ROOT)), "seeds": seeds, "auc": [], "lr": [], "lr_best_c": []}

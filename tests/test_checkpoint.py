@@ -16,7 +16,7 @@ from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
@@ -183,7 +183,7 @@ def test_a_checkpoint_loads_without_unpickling_code(run):
     """Every entry of a saved state (RNG states included) is plain data for weights_only."""
     for state in (run / "checkpoint").glob("state-rank*.pt"):
         own = torch.load(state, weights_only=True)
-        assert torch.is_tensor(own["rng"]["torch"]) and torch.is_tensor(own["rng"]["numpy"]["key"])
+        assert torch.is_tensor(own["rng"]["torch"]) and torch.is_tensor(own["rng"]["numpy"]["keys"])
 
 
 def test_an_old_pickled_checkpoint_loads_only_when_trusted(tmp_path, capsys, run):

@@ -14,7 +14,7 @@ import torch
 
 from distrec.cli import main
 from distrec.train.checkpoint import find_checkpoint, read_meta
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",

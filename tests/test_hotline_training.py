@@ -5,21 +5,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from multiprocess import run_distributed
-from test_hotline_embedding import TABLES, all_rows, zipf_batch
 
 from distrec import config
 from distrec.cli import main
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
-from distrec.hotline.optim import row_state_floats
+from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import stand_in_tables
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 from distrec.train.optim import make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
+from multiprocess import run_distributed
+from test_hotline_embedding import TABLES, all_rows, zipf_batch
 
 NUM_DENSE = 4
 STEPS = 8

@@ -26,7 +26,8 @@ from distrec.cli import main
 from distrec.data import Dataset, prepare
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.train.loop import Trainer, load_trained_model, train
+from distrec.train.evaluate import load_trained_model
+from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
 from tiny_runs import TINY_DATA, tiny_config, train_losses, train_on_rank
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrec.cli import main
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 
 # 600 synthetic rows (540 train = 9 batches of 64 per epoch), small tables, one thread
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",

@@ -8,6 +8,7 @@ output folder so every result can be reproduced.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -59,7 +60,7 @@ class ModelConfig:
     top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
     ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
 
-    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.towers.model``):
+    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.models.dmt``):
     one tower module per tower of ``parallel.towers`` maps the tower's pooled embeddings to
     vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
     ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
@@ -202,6 +203,58 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
+
+
+ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
+"""Embedding optimizers whose state is per row, so a row can move between a shard and the
+replicated hot table with it (lazy Adam's step count is per table)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination of settings no parallel mode trains: ``refuses(cfg, world_size)`` (the
+    world size is None while it is not known yet) -> the one-line ``message``."""
+
+    refuses: Callable[[RunConfig, int | None], bool]
+    message: str
+
+
+def _embedding_optimizer(cfg: RunConfig) -> str:
+    return cfg.train.embedding_optimizer or cfg.train.optimizer
+
+
+COMBINATION_RULES: list[Rule] = [
+    Rule(
+        lambda c, w: c.parallel.lookup == "sptt" and (c.parallel.embeddings != "sharded" or bool(c.parallel.plan) or bool(c.parallel.sharding)),
+        "parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding",
+    ),
+    Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
+    Rule(
+        lambda c, w: w is not None and w > 1 and c.model.tower_module is not None and c.parallel.lookup != "sptt",
+        "--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and bool(c.train.weight_decay or c.train.embedding_weight_decay),
+        "train.weight_decay and train.embedding_weight_decay are not supported with --hotline yet; set them to 0",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and w is not None and w > 1 and (c.parallel.embeddings != "sharded" or c.parallel.lookup == "sptt"),
+        "distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and w is not None and w > 1 and _embedding_optimizer(c) not in ROW_STATE_OPTIMIZERS,
+        f"distributed Hotline trains embeddings with {' or '.join(ROW_STATE_OPTIMIZERS)}; set train.embedding_optimizer to one of them",
+    ),
+]
+"""Every combination of settings that no mode trains, with what to change: the one place
+that says which techniques combine (``distrec.modes.select_mode`` adds the world size)."""
+
+
+def check_combination(cfg: RunConfig, world_size: int | None = None) -> None:
+    """Raise DistrecError naming the first of ``COMBINATION_RULES`` that refuses ``cfg``."""
+    for rule in COMBINATION_RULES:
+        if rule.refuses(cfg, world_size):
+            raise DistrecError(rule.message)
 
 
 def apply_preset(model: ModelConfig, name: str) -> None:
@@ -371,8 +424,6 @@ def validate(cfg: RunConfig) -> None:
         if rows < 2:
             raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
     h = cfg.hotline
-    if h.enabled and (t.weight_decay or t.embedding_weight_decay):
-        raise DistrecError("train.weight_decay and train.embedding_weight_decay are not supported with --hotline yet; set them to 0")
     parse_bytes(h.hot_budget, "hotline.hot_budget")
     if h.logger_size is not None:
         parse_bytes(h.logger_size, "hotline.logger_size")
@@ -382,17 +433,14 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
-    if cfg.parallel.lookup == "sptt" and (cfg.parallel.embeddings != "sharded" or cfg.parallel.plan or cfg.parallel.sharding):
-        raise DistrecError("parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding")
     if m.tower_module is not None:
         if m.arch != "dlrm" or m.interaction != "dot":
             raise DistrecError("model.tower_module needs model.arch dlrm with the dot interaction (DMT-DLRM); use a DLRM preset")
-        if cfg.hotline.enabled:
-            raise DistrecError("--tower-module and --hotline cannot be combined; drop one of them")
         if cfg.parallel.towers is None and cfg.parallel.hosts is None:
             raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
         if m.tower_compression <= 0 or (m.tower_dim is not None and m.tower_dim < 1):
             raise DistrecError("model.tower_compression must be positive and model.tower_dim at least 1; e.g. --compression 4")
+    check_combination(cfg)
     if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
         raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:

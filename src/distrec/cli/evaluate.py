@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.train.loop import evaluate_checkpoint
+    from distrec.train.evaluate import evaluate_checkpoint
 
     check_at_least("--batch-size", args.batch_size, 1)
     with trusting(args):

@@ -158,7 +158,9 @@ def _check_out(out: Path) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.parallel.comm import init_from_env, naming_silent_ranks
-    from distrec.train.loop import check_run, default_device, resume_config, train
+    from distrec.train.evaluate import default_device
+    from distrec.train.loop import train
+    from distrec.train.run import check_run, resume_config
 
     check_at_least("--max-restarts", args.max_restarts, 0)
     check_at_least("--nproc-per-node", args.nproc_per_node, 1)

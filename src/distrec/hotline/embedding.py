@@ -29,7 +29,7 @@ from torch import nn
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import HotSet, hot_row_bytes
-from distrec.hotline.optim import row_state_floats
+from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
 from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major

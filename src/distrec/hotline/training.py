@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrec.config import ParallelConfig, RunConfig
+from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
@@ -47,13 +47,6 @@ from distrec.units import parse_bytes
 ROWS_FILE = "hotline-rows.npy"  # float32 [rows of all tables, dim + optimizer state]
 HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast tier's rows
 LOGGER_FILE = "hotline-logger.npz"
-
-
-def check_parallel(cfg: ParallelConfig, world_size: int) -> None:
-    """Raise DistrecError unless Hotline can train with these parallel settings: one
-    process, or several with sharded embeddings and the flat all-to-all."""
-    if world_size > 1 and (cfg.embeddings != "sharded" or cfg.lookup == "sptt"):
-        raise DistrecError("distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local")
 
 
 def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
