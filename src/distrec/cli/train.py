@@ -9,9 +9,9 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
 from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, first_worker_failure

@@ -6,9 +6,9 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import timedelta
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
