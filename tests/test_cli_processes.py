@@ -42,6 +42,7 @@ def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
     assert main(["train", *TINY, "--max-steps", "3", "--out", str(run), "--overwrite"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 3
     assert_one_line_error(capsys, ["train", "--resume", run, "--overwrite", "--max-steps", 4], "--overwrite cannot change a resumed run")
+    assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run / "config.yaml"], "is a file")
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,8 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
 
 def _check_out(out: Path) -> None:
     """DistrecError when ``out`` already holds files (an earlier run would be destroyed)."""
+    if out.exists() and not out.is_dir():
+        raise DistrecError(f"--out {str(out)!r} is a file; pass a directory for the run")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
