@@ -8,6 +8,7 @@ output folder so every result can be reproduced.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,12 @@ class ParallelConfig:
     the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
     default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
+
+    ``replica_groups`` G > 1: 2D sparse parallelism (``distrec.parallel.two_d``): G groups of
+    N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
+    ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
+    rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
+    row-wise optimizer state) every ``sync_every`` steps.
     ``timeout_seconds``: how long a collective waits for a silent rank before failing.
     """
 
@@ -137,6 +144,9 @@ class ParallelConfig:
     ranks_per_host: int | None = None
     towers: str | None = None
     tower_sharding: str = "table_wise"
+    replica_groups: int = 1
+    replica_sync: str = "exact"
+    sync_every: int = 10
     timeout_seconds: float = 600.0
 
 
@@ -153,6 +163,9 @@ class HotlineConfig:
     disk tier's file goes (default: the run's output directory). ``place_threads``: with a
     disk tier, run the step on CPUs that do not handle the disk's interrupts and the
     prefetch worker on those that do, when enough CPUs remain (``hotline/placement.py``).
+    ``readahead``: a disk tier's gathers first start the reads of every page their rows
+    touch, together (``hotline/readahead.py``); false: each page is read when the gather
+    faults on it, as with a plain memory-mapped table (to measure what the readahead gains).
     """
 
     enabled: bool = False
@@ -163,6 +176,7 @@ class HotlineConfig:
     slow_tier: str = "auto"
     slow_tier_dir: str | None = None
     place_threads: bool = True
+    readahead: bool = True
 
 
 @dataclass
@@ -201,6 +215,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.lookup": ("flat", "sptt"),
     "parallel.tower_sharding": ("table_wise", "column_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
+    "parallel.replica_sync": ("exact", "periodic"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
 
@@ -229,6 +244,14 @@ COMBINATION_RULES: list[Rule] = [
         "parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding",
     ),
     Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
+    Rule(
+        lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.lookup == "sptt" or c.parallel.embeddings != "sharded" or c.hotline.enabled),
+        "--replica-groups (2D sparse parallelism) needs sharded embeddings and the flat all-to-all, without --hotline; drop the others",
+    ),
+    Rule(
+        lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,
+        "--replica-groups must divide the number of processes (each group has as many ranks); change it or --nproc-per-node",
+    ),
     Rule(
         lambda c, w: w is not None and w > 1 and c.model.tower_module is not None and c.parallel.lookup != "sptt",
         "--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it",
@@ -354,7 +377,10 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, pre
         if not p.is_file():
             raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
         try:
-            d = yaml.safe_load(p.read_text()) or {}
+            d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                               "save it as UTF-8 YAML") from None
         except yaml.YAMLError as e:
             raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
         if not isinstance(d, dict):
@@ -388,8 +414,26 @@ def set_value(d: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    """The first float field (or list item) of a config section that is NaN or infinite, as (key, value)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            found = _non_finite(value, key + ".")
+            if found:
+                return found
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                return key, item
+    return None
+
+
 def validate(cfg: RunConfig) -> None:
     """Check value ranges and choices; raise DistrecError naming the first bad field."""
+    non_finite = _non_finite(cfg)
+    if non_finite is not None:
+        key, value = non_finite
+        raise DistrecError(f"{key} is {value}; it must be a finite number")
     for key, choices in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -406,6 +450,8 @@ def validate(cfg: RunConfig) -> None:
         "data.synthetic.rows": dc.synthetic.rows,
         "data.synthetic.table_rows": dc.synthetic.table_rows,
         "data.synthetic.pooling_factor": dc.synthetic.pooling_factor,
+        "parallel.replica_groups": cfg.parallel.replica_groups,
+        "parallel.sync_every": cfg.parallel.sync_every,
     }
     for key, value in positive.items():
         if value < 1:

@@ -29,6 +29,7 @@ examples:
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \\
       --tower-module dlrm --compression 4 --out runs/dmt   # DMT-DLRM; summary.json gets "dmt"
+  distrec train --nproc-per-node 4 --replica-groups 2 --sharding column_wise --out runs/2d   # 2 groups x 2 ranks
 """
 
 
@@ -62,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
     dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
     dist_args.add_argument("--tower-sharding", choices=["table_wise", "column_wise"], help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column")
+    two_d = train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)")
+    two_d.add_argument("--replica-groups", type=int, metavar="G", help="G groups of N/G consecutive ranks, each with every table sharded by a plan for N/G ranks (default 1: plain sharding)")
+    two_d.add_argument("--replica-sync", choices=["exact", "periodic"], help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps")
+    two_d.add_argument("--sync-every", type=int, metavar="K", help="with --replica-sync periodic: steps between replica averages (default 10)")
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
     dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")
@@ -159,6 +164,7 @@ def _check_out(out: Path) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from distrec.data.fingerprint import check_run_data, resolve_paths
     from distrec.parallel.comm import init_from_env, naming_silent_ranks
     from distrec.train.evaluate import default_device
     from distrec.train.loop import train
@@ -174,15 +180,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(
                 f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every, --timeout-seconds, "
-                "--trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding and --memory-per-rank"
+                "--trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
             )
-        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "timeout_seconds") if getattr(args, k) is not None}
+        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups", "timeout_seconds") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
+        check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
         if args.trust_checkpoint:
             raise DistrecError("--trust-checkpoint applies to a checkpoint being loaded; use it with --resume DIR")
         cfg = config_from_args(args)
+        resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
     if not (args.resume or args.overwrite or _restart_count() > 0):
         _check_out(out)

@@ -11,17 +11,15 @@ from torch.optim import Optimizer
 from distrec.config import RunConfig
 from distrec.hotline.distributed import DistributedHotlineTraining, replicated_hot_embeddings
 from distrec.models.base import RecommendationModel
-from distrec.parallel.block_mode import BlockMode
-from distrec.parallel.mode import TrainingStep
+from distrec.parallel.mode import RunContext, TrainingStep
 from distrec.parallel.parallelize import resolve_plan
 from distrec.parallel.reshard import export_blocks
-from distrec.parallel.sharded_embedding import ExchangeStats
-from distrec.tables import TableConfig, stand_in_tables
+from distrec.parallel.sharded import Sharded
 
 
-class ReplicatedHotline(BlockMode):
+class ReplicatedHotline(Sharded):
     """The hot rows replicated on every rank (popular micro-batches need no all-to-all), the
-    rest sharded by the plan as in ``Sharded``; the hot rows' and the dense gradients are
+    rest sharded by the plan as ``Sharded`` shards them; the hot rows' and the dense gradients are
     all-reduced together (no DDP). Trains exactly what the sharded trainer trains.
 
     Checkpoints are ordinary sharded ones (hot rows written back into their shards) plus the
@@ -29,22 +27,14 @@ class ReplicatedHotline(BlockMode):
     """
 
     name = "hotline-replicated"
-    embeddings = "sharded"
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.training: DistributedHotlineTraining | None = None
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
         return cfg.hotline.enabled and world_size > 1
-
-    @classmethod
-    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
-        resolve_plan(tables, cfg.parallel, world_size)
-
-    def model_tables(self) -> list[TableConfig]:
-        return stand_in_tables(self.ctx.tables)
 
     def shard_embeddings(self, model: RecommendationModel) -> None:
         self.plan = resolve_plan(self.ctx.tables, self.ctx.cfg.parallel, self.ctx.world_size)
@@ -57,10 +47,8 @@ class ReplicatedHotline(BlockMode):
         self.training = DistributedHotlineTraining(model, self.ctx.cfg, self.ctx.total_steps, self.ctx.timer)
         return self.training
 
-    def exchange_stats(self) -> ExchangeStats | None:
-        return self.model.embeddings.stats
-
     def summary_extra(self) -> dict[str, Any]:
+        self.training.counters.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}
 
     def block_module(self) -> nn.Module:

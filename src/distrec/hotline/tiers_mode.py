@@ -11,7 +11,7 @@ from distrec.config import RunConfig
 from distrec.errors import DistrecError
 from distrec.hotline.training import HotlineTraining, load_into_model
 from distrec.models.base import RecommendationModel
-from distrec.parallel.mode import ParallelMode, TrainingStep
+from distrec.parallel.mode import ParallelMode, RunContext, TrainingStep
 from distrec.tables import TableConfig, stand_in_tables
 
 
@@ -27,7 +27,7 @@ class HotlineTiers(ParallelMode):
     name = "hotline"
     embeddings = "single"
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.training: HotlineTraining | None = None
 
@@ -44,6 +44,7 @@ class HotlineTiers(ParallelMode):
         return self.training
 
     def summary_extra(self) -> dict[str, Any]:
+        self.training.pipeline.stats.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}
 
     def state_dict(self) -> dict[str, Any]:

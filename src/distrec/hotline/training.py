@@ -19,6 +19,7 @@ logger's entries as files, since tables may be larger than memory.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,8 @@ class HotlineTraining:
             its ``embeddings`` is replaced by a HotlineEmbeddingBagCollection holding the
             same weights (copied chunk by chunk).
         cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
-            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size, slow tier).
+            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size, slow tier,
+            readahead, thread placement).
         total_steps: the run's length in optimizer steps (the default decay length).
         run_dir: the run's output directory; the disk tier's scratch file goes there unless
             ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped).
@@ -110,7 +112,7 @@ class HotlineTraining:
         embedding_optimizer = t.embedding_optimizer or t.optimizer
         directory = Path(h.slow_tier_dir or run_dir)
         device = next(model.parameters()).device
-        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress)
+        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead)
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
@@ -149,6 +151,13 @@ class HotlineTraining:
         return loss
 
     __call__ = step
+
+    def learn(self, batches: Iterable[Batch]) -> int:
+        """Learn the hot set from ``batches`` now, without training on them: every id of each
+        is counted (no sampling) and the hot set selected and moved to the fast tier at once,
+        a learning phase shortened to these batches (e.g. to measure the accelerated phase
+        alone). Returns the number of hot rows."""
+        return self.pipeline.learn(batches).num_rows
 
     def stats(self) -> dict[str, Any]:
         """What Hotline did so far: fractions of samples run popular and of lookups served

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from distrec.config import RunConfig
+import logging
+from collections.abc import Callable
+
+from distrec.config import ParallelConfig, RunConfig
 from distrec.parallel.block_mode import BlockMode
 from distrec.parallel.mode import RunContext
 from distrec.tables import TableConfig
 from distrec.towers.partition import resolve_towers
+
+log = logging.getLogger(__name__)
+
+MULTI_PROCESS_SETTINGS: dict[str, Callable[[ParallelConfig], bool]] = {
+    "--plan": lambda p: p.plan is not None,
+    "--sharding": lambda p: p.sharding is not None,
+    "--memory-per-rank": lambda p: p.memory_per_rank is not None,
+    "--embeddings local": lambda p: p.embeddings == "local",
+    "--lookup sptt": lambda p: p.lookup == "sptt",
+    "--replica-groups": lambda p: p.replica_groups > 1,
+}
+"""Settings a one-process run cannot use, as the command line names them."""
 
 
 class SingleProcess(BlockMode):
@@ -21,6 +36,9 @@ class SingleProcess(BlockMode):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         p = ctx.cfg.parallel
+        ignored = [flag for flag, given in MULTI_PROCESS_SETTINGS.items() if given(p)]
+        if ignored:
+            log.warning(f"ignored in one process: {', '.join(ignored)} (multi-process settings); add --nproc-per-node N to use them")
         names = [t.name for t in ctx.tables]
         self._towers = resolve_towers(names, p.towers, p.hosts) if ctx.cfg.model.tower_module is not None else None
 

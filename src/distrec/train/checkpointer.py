@@ -8,6 +8,7 @@ layout to the metadata. The files and their atomic writing are ``distrec.train.c
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,18 @@ from distrec.errors import DistrecError
 from distrec.parallel.mode import ParallelMode
 from distrec.train.checkpoint import load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.train.rng import capture_rng, restore_rng
+
+
+def _layout(world_size: int, embeddings: str, plan: dict[str, Any] | None) -> str:
+    kinds = "+".join(sorted({t["sharding"] for t in plan["tables"]})) if plan else ""
+    return f"{world_size} process{'es' if world_size > 1 else ''}, {embeddings} {kinds}".rstrip()
+
+
+def _resharding(meta: dict[str, Any], mode: ParallelMode) -> str:
+    """'' when the checkpoint's layout is this run's, else ', resharded from A to B'."""
+    saved = _layout(int(meta.get("world_size", 1)), meta.get("embeddings", "single"), meta.get("plan"))
+    now = _layout(mode.ctx.world_size, mode.embeddings, mode.plan.to_dict() if mode.plan is not None else None)
+    return "" if saved == now else f", resharded from {saved} to {now}"
 
 
 class Stateful(Protocol):
@@ -85,3 +98,5 @@ class Checkpointer:
         self.mode.load_state_dict(own, checkpoint, meta)
         for name, part in self.parts.items():
             part.load_state_dict(own[name])
+        if ctx.rank == 0:
+            print(f"distrec: resuming from step {meta['step']} of {checkpoint}{_resharding(meta, self.mode)}", file=sys.stderr)

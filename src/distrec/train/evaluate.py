@@ -21,6 +21,7 @@ from distrec.modes import restore_saved_model
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.train.metrics import click_metrics
+from distrec.train.run import split_rows
 
 
 def default_device() -> torch.device:
@@ -82,8 +83,12 @@ def evaluate_checkpoint(
     strict: bool | None = None,
     batch_size: int = 16384,
     progress: bool = True,
-) -> dict[str, float]:
-    """Metrics of a saved model on every row of a data set, hashed as in the saved run."""
+) -> dict[str, float | str]:
+    """Metrics of a saved model, hashed as in the saved run: on every row of ``data_path``, or,
+    without it, on the run's own validation rows (its data, split as it was split).
+
+    The result's ``scored`` says which: ``all rows of PATH`` or ``the run's val split``.
+    """
     device = default_device()
     model, cfg, tables, meta = load_trained_model(checkpoint, device)
     if data_path is not None:
@@ -99,5 +104,8 @@ def evaluate_checkpoint(
     if dataset.num_dense != meta["num_dense"] or [t.name for t in dataset.tables(cfg.model.embedding_dim)] != [t.name for t in tables]:
         raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
     dataset.override_tables(tables)
-    rows = np.arange(dataset.num_rows, dtype=np.int64)
-    return evaluate(model, dataset, rows, batch_size, device)
+    if data_path is None:
+        rows, scored = split_rows(dataset, cfg)["val"], "the run's val split"
+    else:
+        rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {data_path}"
+    return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored}

@@ -10,10 +10,10 @@ evaluations, checkpoints and the time breakdown are collective.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
-import random
-import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +29,8 @@ from distrec import config as config_mod
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
+from distrec.data.fingerprint import check_run_data, save_fingerprint
+from distrec.errors import DistrecError
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.modes import select_mode
@@ -40,25 +42,10 @@ from distrec.train.checkpoint import find_checkpoint
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
 from distrec.train.evaluate import default_device, predict
 from distrec.train.metrics import click_metrics
-from distrec.train.run import BREAKDOWN_FILE, CONFIG_FILE, METRICS_FILE, PLAN_FILE, SUMMARY_FILE, MetricsLog, split_rows
+from distrec.train.run import BREAKDOWN_FILE, CONFIG_FILE, METRICS_FILE, PLAN_FILE, SUMMARY_FILE, MetricsLog, peak_rss_per_rank, seed_everything, split_rows
 
 METRICS = ("auc", "logloss", "accuracy", "ne")
-
-
-def peak_rss_per_rank(distributed: bool) -> list[int]:
-    """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
-    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    if not distributed:
-        return [mine]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +100,7 @@ class Trainer:
         self.progress = Progress()
         self.checkpointer = Checkpointer(self.out, self.mode, {"progress": self.progress, "rng": RandomGenerators()}, self._run_meta)
         self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
+        self._saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
 
     def close(self) -> None:
         """Release what outlives a step (the mode's worker threads and files)."""
@@ -127,6 +115,10 @@ class Trainer:
         if self.distributed and first_on_host:
             dist.barrier()
         return cache
+
+    def _save(self) -> None:
+        self.checkpointer.save()
+        self._saved_step = self.progress.step
 
     def _run_meta(self) -> dict[str, Any]:
         """The run's entries of a checkpoint's metadata (the mode adds its layout)."""
@@ -184,7 +176,13 @@ class Trainer:
         if main:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
+            check_run_data(self.out, self.cfg.data)  # refuses data that changed since the run started
             self.checkpointer.load(find_checkpoint(self.out))
+            self._saved_step = self.progress.step
+        elif main:
+            save_fingerprint(self.out, self.cfg.data)
+        if resume and self.progress.step >= self.total_steps:
+            return self._nothing_to_do()
         log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
         if main:
             config_mod.save(self.cfg, self.out / CONFIG_FILE)
@@ -205,6 +203,7 @@ class Trainer:
                 global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
                 loss = self.step_fn(batch, normalizer=global_size / self.world_size)
                 self.timer.end_step()
+                self._stop_unless_finite(loss)
                 exchange = self.mode.exchange_stats()
                 if exchange is not None:
                     self.all_to_all_bytes += exchange.input_bytes + exchange.output_bytes
@@ -220,7 +219,7 @@ class Trainer:
                 if t.eval_every and self.progress.step % t.eval_every == 0 and self.progress.step < self.total_steps:
                     last_val = self._evaluate_and_log(log)
                 if t.checkpoint_every and self.progress.step % t.checkpoint_every == 0:
-                    self.checkpointer.save()
+                    self._save()
                 if self.progress.step >= self.total_steps:
                     break
             else:
@@ -231,7 +230,7 @@ class Trainer:
         trained = self.progress.step - start_step
         last_val = self._evaluate_and_log(log) or last_val
         test = self._evaluate_and_log(log, "test")
-        self.checkpointer.save()
+        self._save()
         peak_rss = peak_rss_per_rank(self.distributed)
         if not main:
             return None
@@ -254,6 +253,28 @@ class Trainer:
             summary["test"] = test
         atomic_write_json(self.out / SUMMARY_FILE, summary)
         return summary
+
+    def _nothing_to_do(self) -> dict[str, Any] | None:
+        """A resumed run that already trained its length: say so, write nothing; its summary."""
+        if self.rank != 0:
+            return None
+        logger.warning(f"{self.out} already trained {self.progress.step} of {self.total_steps} steps: nothing to do; raise --max-steps or --epochs to train further")
+        summary = self.out / SUMMARY_FILE
+        return json.loads(summary.read_text()) if summary.is_file() else None
+
+    def _stop_unless_finite(self, loss: torch.Tensor) -> None:
+        """Stop the run (every rank, at the same step) when a rank's loss is NaN or infinite,
+        before anything of that step is saved; the last checkpoint stays as it was."""
+        finite = torch.isfinite(loss).to(torch.int32).reshape(1)
+        if self.distributed:
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if finite.item():
+            return
+        saved = f"the last checkpoint (step {self._saved_step}) is kept" if self._saved_step is not None else "no checkpoint was written"
+        raise DistrecError(
+            f"the training loss became {float(loss)} at step {self.progress.step + 1}; training diverged, lower the learning rate "
+            f"(--lr, now {self.cfg.train.lr}) and retrain; {saved}"
+        )
 
     def _breakdown_extra(self) -> dict[str, Any]:
         """What the breakdown describes, and bytes sent per step by this rank's collectives."""

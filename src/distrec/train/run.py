@@ -1,12 +1,17 @@
-"""A run directory: its files, its metrics log, its data splits, checks before launch, resuming."""
+"""A run: its directory's files, its metrics log, its data splits, seeding, memory, checks
+before launch, resuming."""
 
 from __future__ import annotations
 
 import json
+import random
+import resource
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from distrec import config as config_mod
 from distrec.config import RunConfig
@@ -35,6 +40,22 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def peak_rss_per_rank(distributed: bool) -> list[int]:
+    """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if not distributed:
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def split_rows(dataset: Dataset, cfg: RunConfig) -> dict[str, np.ndarray]:
