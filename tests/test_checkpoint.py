@@ -255,7 +255,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save_until_full)
-    line = assert_one_line_error(capsys, ["train", "--resume", run, "--max-steps", 8, "--no-progress"],
+    line = assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 8, "--out", run, "--overwrite"],
                           f"no space left to save the checkpoint {str(run / 'checkpoint')!r}", "MiB", "previous checkpoint is intact")
     monkeypatch.undo()
     needed = float(line.split("needs about ")[1].split(" MiB")[0].replace(",", ""))

@@ -75,7 +75,8 @@ def test_a_worker_error_is_printed_once_by_the_launcher(tmp_path):
     state.write_bytes(state.read_bytes()[:100])
     resumed = distrec("train", "--resume", run, "--max-steps", 8, "--nproc-per-node", 2, "--no-progress")
     assert resumed.returncode == 2
-    assert stderr_lines(resumed.stderr) == [
+    announced = "distrec: resuming from step"  # rank 0 loaded its own state before rank 1 failed
+    assert [line for line in stderr_lines(resumed.stderr) if not line.startswith(announced)] == [
         f"distrec: error: checkpoint file {str(state)!r} is corrupt (its checksum differs from the one saved); "
         "resume from an earlier checkpoint (a copy of the run directory) or retrain"
     ]
