@@ -17,6 +17,7 @@ from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
+from test_cli import assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
         "--set", "train.threads=1", "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad", "--no-progress"]
@@ -135,3 +136,130 @@ def test_exported_blocks_are_views_that_save_each_storage_once(tmp_path):
     assert torch.equal(loaded[1]["weight"], ebc.table_weight("b")) and loaded[1]["block"]["table"] == "b"
     copied = export_blocks(ebc, None, copy=True)
     assert all(c["weight"].untyped_storage().data_ptr() != ebc.weight.untyped_storage().data_ptr() for c in copied)
+
+
+# --- loading runs no code; corrupt files and a full disk are one line -------------------
+
+
+class MakesMarker:
+    """Unpickling this runs ``touch PATH``: what a crafted checkpoint could do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def rewrite_checksum(checkpoint, name):
+    """Record the current bytes of ``name`` in meta.json, as a forger would."""
+    from distrec.train.checkpoint import file_checksum
+
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["sha256"][name] = file_checksum(checkpoint / name)
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A finished tiny run directory (4 steps)."""
+    out = tmp_path / "run"
+    train(*TINY, "--max-steps", 4, "--out", out)
+    return out
+
+
+@pytest.mark.parametrize("command", ["evaluate", "resume"])
+def test_a_malicious_pickle_in_a_checkpoint_runs_no_code(tmp_path, capsys, run, command):
+    marker = tmp_path / "pwned"
+    torch.save({"dense": MakesMarker(marker)}, run / "checkpoint" / "state-rank0.pt")
+    argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else ["train", "--resume", run, "--max-steps", 8, "--no-progress"]
+    assert_one_line_error(capsys, argv, "state-rank0.pt", "is corrupt", "earlier checkpoint")  # meta.json's checksum catches it first
+    rewrite_checksum(run / "checkpoint", "state-rank0.pt")
+    assert_one_line_error(capsys, argv, "state-rank0.pt", "pickled Python objects", "--trust-checkpoint")
+    assert not marker.exists()
+
+
+def test_a_checkpoint_loads_without_unpickling_code(run):
+    """Every entry of a saved state (RNG states included) is plain data for weights_only."""
+    for state in (run / "checkpoint").glob("state-rank*.pt"):
+        own = torch.load(state, weights_only=True)
+        assert torch.is_tensor(own["rng"]["torch"]) and torch.is_tensor(own["rng"]["numpy"]["keys"])
+
+
+def test_an_old_pickled_checkpoint_loads_only_when_trusted(tmp_path, capsys, run):
+    """Format 2 pickled NumPy's RNG state: --trust-checkpoint loads it after a warning line."""
+    import random
+
+    import numpy as np
+
+    checkpoint = run / "checkpoint"
+    own = torch.load(checkpoint / "state-rank0.pt", weights_only=True)
+    own["rng"] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}  # format 2's
+    torch.save(own, checkpoint / "state-rank0.pt")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["format_version"] = 2
+    del meta["sha256"]
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+    assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], "pickled Python objects", "--trust-checkpoint")
+    assert main(["evaluate", "--checkpoint", str(run), "--no-progress", "--trust-checkpoint"]) == 0
+    out, err = capsys.readouterr()
+    assert "auc" in json.loads(out)
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"distrec: warning: --trust-checkpoint: unpickling {str(checkpoint / 'state-rank0.pt')!r}, which runs any code it holds"
+    ]
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def empty(path):
+    path.write_bytes(b"")
+
+
+def random_bytes(path):
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def overwrite_8kb(path):
+    data = bytearray(path.read_bytes())
+    data[-12_000:-4_000] = os.urandom(8_000)  # inside the weights, before the zip directory
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [truncate, empty, random_bytes, overwrite_8kb])
+@pytest.mark.parametrize("command", ["evaluate", "resume"])
+def test_a_corrupt_state_file_is_named_in_one_line(capsys, run, damage, command):
+    damage(run / "checkpoint" / "state-rank0.pt")
+    argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else ["train", "--resume", run, "--max-steps", 8, "--no-progress"]
+    assert_one_line_error(capsys, argv, str(run / "checkpoint" / "state-rank0.pt"), "is corrupt", "resume from an earlier checkpoint", "retrain")
+
+
+@pytest.mark.parametrize("content", [b"", b'{"format_version": 3, "step": ', b"\xff\xfe not json", b"[1, 2]", b'{"format_version": 3}'])
+def test_a_broken_meta_json_is_named_in_one_line(capsys, run, content):
+    (run / "checkpoint" / "meta.json").write_bytes(content)
+    assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(run / "checkpoint" / "meta.json"), "earlier checkpoint")
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(capsys, run, monkeypatch):
+    """torch.save on a full disk: the file system refuses a write part way (ENOSPC)."""
+    import errno
+
+    before = parameters(run)
+    real_save = torch.save
+
+    def save_until_full(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        with open(f, "r+b") as out:
+            out.truncate(100)  # what fitted
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    line = assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 8, "--out", run, "--overwrite"],
+                          f"no space left to save the checkpoint {str(run / 'checkpoint')!r}", "MiB", "previous checkpoint is intact")
+    monkeypatch.undo()
+    needed = float(line.split("needs about ")[1].split(" MiB")[0].replace(",", ""))
+    assert needed * 2**20 >= 0.9 * (run / "checkpoint" / "state-rank0.pt").stat().st_size
+    assert [p.name for p in run.iterdir() if p.name.startswith(".checkpoint")] == []  # the staging folder is gone
+    assert read_meta(find_checkpoint(run))["step"] == 4
+    assert_same(parameters(run), before)

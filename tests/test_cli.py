@@ -27,6 +27,7 @@ def run_cli(capsys, *argv):
 
 
 def assert_one_line_error(capsys, argv, *fragments):
+    """Check that ``distrec argv`` fails with one line holding every fragment; that line."""
     status, _, err = run_cli(capsys, *argv)
     assert status == 2, err
     assert "Traceback" not in err
@@ -34,6 +35,7 @@ def assert_one_line_error(capsys, argv, *fragments):
     assert len(lines) == 1 and lines[0].startswith("distrec: error: "), err
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+    return lines[0]
 
 
 def all_parsers(parser=None, path=()):

@@ -132,6 +132,7 @@ class ParallelConfig:
     ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
     rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
     row-wise optimizer state) every ``sync_every`` steps.
+    ``timeout_seconds``: how long a collective waits for a silent rank before failing.
     """
 
     embeddings: str = "sharded"
@@ -146,6 +147,7 @@ class ParallelConfig:
     replica_groups: int = 1
     replica_sync: str = "exact"
     sync_every: int = 10
+    timeout_seconds: float = 600.0
 
 
 @dataclass

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from distrec import __version__
+from distrec.cli import failures  # not its names: ``report`` is also a command module here
 from distrec.errors import DistrecError
 
 # module names under distrec.cli, in the order ``distrec --help`` lists them
@@ -44,10 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return handler(args, argv)
+        with failures.signals_interrupt():
+            return handler(args, argv)
     except DistrecError as e:
-        print(f"distrec: error: {e}", file=sys.stderr)
+        failures.report(f"distrec: error: {e}")
         return 2
-    except KeyboardInterrupt:
-        print("distrec: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        return failures.report_interrupted(e)
+    except Exception:
+        if not failures.in_worker():
+            raise
+        failures.report(traceback.format_exc().rstrip())  # a bug: its traceback, once, from the first rank that hit it
+        return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import AbstractContextManager, nullcontext
 
 from distrec.errors import DistrecError
 
@@ -25,6 +26,28 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", metavar="NAME", help="architecture preset: dlrm-kaggle, dlrm-terabyte, dlrm-mlperf, dcn, tiny")
     p.add_argument("--config", metavar="FILE", help="YAML experiment config (sections data, model, train, parallel)")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides", help="override a config field, e.g. model.embedding_dim=64 (repeatable)")
+
+
+def add_trust_arg(p: argparse.ArgumentParser) -> None:
+    """--trust-checkpoint: let an older checkpoint's pickled state load (it could run code)."""
+    p.add_argument(
+        "--trust-checkpoint", action="store_true",
+        help="load a checkpoint of an earlier distrec (format 2) whose state holds pickled Python objects; "
+        "unpickling runs any code they hold, so only for checkpoints from a trusted source",
+    )
+
+
+def trusting(args: argparse.Namespace) -> AbstractContextManager:
+    """The context in which a command loads checkpoints: pickles allowed with --trust-checkpoint."""
+    from distrec.train.checkpoint import trusting_pickles
+
+    return trusting_pickles() if args.trust_checkpoint else nullcontext()
+
+
+def check_at_least(flag: str, value: int | None, minimum: int) -> None:
+    """DistrecError unless the integer option ``flag`` (None when not given) is at least ``minimum``."""
+    if value is not None and value < minimum:
+        raise DistrecError(f"{flag} is {value}; it must be at least {minimum}")
 
 
 # command-line attribute -> config field it overrides
@@ -55,6 +78,7 @@ CONFIG_FIELDS = {
     "replica_groups": "parallel.replica_groups",
     "replica_sync": "parallel.replica_sync",
     "sync_every": "parallel.sync_every",
+    "timeout_seconds": "parallel.timeout_seconds",
     "tower_module": "model.tower_module",
     "compression": "model.tower_compression",
     "tower_dim": "model.tower_dim",

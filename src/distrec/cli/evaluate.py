@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distrec.cli.args import EXAMPLES_FORMAT, add_data_args
+from distrec.cli.args import EXAMPLES_FORMAT, add_data_args, add_trust_arg, check_at_least, trusting
 
 EXAMPLES = """
 examples:
@@ -19,22 +19,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory or its checkpoint/ folder")
     add_data_args(p)
-    p.add_argument("--batch-size", type=int, default=16384, metavar="B", help="evaluation batch size")
+    p.add_argument("--batch-size", type=int, default=16384, metavar="B", help="evaluation batch size (default 16384)")
+    add_trust_arg(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.train.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(
-        Path(args.checkpoint),
-        data_path=args.data,
-        data_format=args.data_format,
-        schema=args.schema,
-        cache_dir=args.cache_dir,
-        strict=args.strict,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-    )
+    check_at_least("--batch-size", args.batch_size, 1)
+    with trusting(args):
+        result = evaluate_checkpoint(
+            Path(args.checkpoint),
+            data_path=args.data,
+            data_format=args.data_format,
+            schema=args.schema,
+            cache_dir=args.cache_dir,
+            strict=args.strict,
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+        )
     print(json.dumps(result))
     return 0

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, config_from_args
+from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
+from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, first_worker_failure
 from distrec.errors import DistrecError
 
 EXAMPLES = """
@@ -20,7 +27,7 @@ examples:
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
   distrec train --hotline --hot-budget 64MB --sample-rate 0.05 --relearn-every 200 --out runs/hot
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
-  distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \
+  distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \\
       --tower-module dlrm --compression 4 --out runs/dmt   # DMT-DLRM; summary.json gets "dmt"
   distrec train --nproc-per-node 4 --replica-groups 2 --sharding column_wise --out runs/2d   # 2 groups x 2 ranks
 """
@@ -41,9 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, metavar="S", help="random seed")
     train.add_argument("--out", metavar="DIR", help="run directory for config, metrics, summary and checkpoint (default runs/<time>)")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR; raise --max-steps or --epochs to train further")
+    train.add_argument("--overwrite", action="store_true", help="replace the run already in --out (by default an --out that holds files is refused)")
+    add_trust_arg(train)
     dist_args = train.add_argument_group("distributed training")
     dist_args.add_argument("--nproc-per-node", type=int, metavar="N", help="launch N worker processes on this machine (torch's elastic launcher)")
-    dist_args.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint")
+    dist_args.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint (default 0)")
+    dist_args.add_argument("--timeout-seconds", type=float, metavar="S", help="fail a collective that waits S seconds for a silent rank, naming it (default 600)")
     dist_args.add_argument("--plan", metavar="FILE", help="sharding plan JSON (default: a greedy table-wise plan, saved with the run)")
     dist_args.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning")
     dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
@@ -63,22 +73,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     dmt.add_argument("--tower-dim", type=int, metavar="D", help="width D of the tower modules' output vectors (instead of --compression)")
     dmt.add_argument("--tower-c", type=int, metavar="C", help="DLRM tower: outputs of width D per feature (default 1)")
     dmt.add_argument("--tower-p", type=int, metavar="P", help="DLRM tower: outputs of width D mixing all features (default 1)")
-    hot = train.add_argument_group("Hotline (one process): hot rows in a fast tier, the rest in a slow tier (on CPU a file on disk)")
-    hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's two tiers and micro-batch pipeline")
+    hot = train.add_argument_group(
+        "Hotline (one process or --nproc-per-node N): hot rows in a fast tier (replicated on every rank), "
+        "the rest in a slow tier (in one process on CPU a file on disk, else sharded over the ranks)"
+    )
+    hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's hot set and micro-batch pipeline")
     hot.add_argument("--hot-budget", metavar="SIZE", help="fast-tier bytes for hot rows, e.g. 512MB (default 512MB)")
     hot.add_argument("--sample-rate", type=float, metavar="X", help="fraction of mini-batches the access logger counts (default 0.05)")
     hot.add_argument("--relearn-every", type=int, metavar="N", help="re-select the hot set every N mini-batches (default 1000)")
     train.set_defaults(handler=run)
 
 
+@contextmanager
+def _quiet_launcher(announce_failures: bool) -> Iterator[None]:
+    """Few log lines in this process during the block: torch's elastic launcher logs each
+    signal and failed worker, repeating what the workers and this command report. With
+    ``announce_failures`` its error lines stay (they announce the failures it restarts after)."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING if announce_failures else logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
 def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int:
     """Re-run this command in ``--nproc-per-node`` workers under torch's elastic launcher.
 
-    Each worker gets ``OMP_NUM_THREADS`` = cores / workers unless it is set. A worker that
-    fails prints its own one-line error; the launcher's report becomes one line here.
+    Each worker gets ``OMP_NUM_THREADS`` = cores / workers unless it is set. The workers
+    report failures into a directory instead of stderr; the first one (the root cause: the
+    other ranks fail after it) is printed here, once. Returns the exit status.
     """
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from distrec.train.checkpoint import has_checkpoint
 
     worker_argv = []
     skip = False
@@ -94,47 +124,86 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
         worker_argv.append(a)
     if args.resume is None and args.out is None:
         worker_argv += ["--out", str(out)]  # one run directory for all workers
+    if args.resume is None and not args.overwrite:
+        worker_argv.append("--overwrite")  # checked here; rank 0's files must not stop the others
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc_per_node)))
     launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
-    try:
-        torchrun.main(launcher + ["-m", "distrec", *worker_argv])
-    except ChildFailedError as e:
-        codes = sorted({f.exitcode for f in e.failures.values()})
-        raise DistrecError(
-            f"{len(e.failures)} of {args.nproc_per_node} workers failed (exit code {', '.join(map(str, codes))}) "
-            f"after {args.max_restarts} restart(s); see their messages above, fix the cause and rerun (or add --resume {out})"
-        ) from None
+    with tempfile.TemporaryDirectory(prefix="distrec-worker-errors-") as errors, _quiet_launcher(announce_failures=args.max_restarts > 0):
+        os.environ[WORKER_ERRORS_ENV] = errors
+        try:
+            torchrun.main(launcher + ["-m", "distrec", *worker_argv])
+        except SignalException as e:
+            raise Interrupted(e.sigval) from None
+        except ChildFailedError as e:
+            first = first_worker_failure(Path(errors))
+            if first is None:  # killed before it could report (a signal, out of memory)
+                codes = sorted({f.exitcode for f in e.failures.values()})
+                resume = f" (or continue with --resume {out})" if has_checkpoint(out) else ""
+                raise DistrecError(
+                    f"{len(e.failures)} of {args.nproc_per_node} workers failed (exit code {', '.join(map(str, codes))}) "
+                    f"after {args.max_restarts} restart(s) without a message; fix the cause and rerun{resume}"
+                ) from None
+            print(first, file=sys.stderr)
+            return 2 if first.startswith("distrec: error: ") else 1
+        finally:
+            del os.environ[WORKER_ERRORS_ENV]
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """DistrecError when ``out`` already holds files (an earlier run would be destroyed)."""
+    if out.exists() and not out.is_dir():
+        raise DistrecError(f"--out {str(out)!r} is a file; pass a directory for the run")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise DistrecError(
+            f"--out {str(out)!r} already holds files ({shown}); pass --resume {out} to continue that run, "
+            "--overwrite to replace it, or another --out"
+        )
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data.fingerprint import check_run_data, resolve_paths
+    from distrec.parallel.comm import init_from_env, naming_silent_ranks
+    from distrec.train.evaluate import default_device
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
 
+    check_at_least("--max-restarts", args.max_restarts, 0)
+    check_at_least("--nproc-per-node", args.nproc_per_node, 1)
+    if args.timeout_seconds is not None and not args.timeout_seconds > 0:
+        raise DistrecError(f"--timeout-seconds is {args.timeout_seconds}; give a positive number of seconds")
     if args.resume:
         given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
-        if given or args.overrides or (args.out and Path(args.out) != Path(args.resume)):
-            what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
+        if given or args.overrides or args.overwrite or (args.out and Path(args.out) != Path(args.resume)):
+            what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(
-                f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every "
-                "and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
+                f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every, --timeout-seconds, "
+                "--trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
             )
-        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups") if getattr(args, k) is not None}
+        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups", "timeout_seconds") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
         check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
+        if args.trust_checkpoint:
+            raise DistrecError("--trust-checkpoint applies to a checkpoint being loaded; use it with --resume DIR")
         cfg = config_from_args(args)
         resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
-    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
-        if args.nproc_per_node < 1:
-            raise DistrecError(f"--nproc-per-node is {args.nproc_per_node}; it must be at least 1")
-        check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
-        return _launch_workers(args, argv, out)
-    resume = bool(args.resume) or _restarted_with_checkpoint(out)
-    summary = train(cfg, out, resume=resume, progress=not args.no_progress)
+    if not (args.resume or args.overwrite or _restart_count() > 0):
+        _check_out(out)
+    try:
+        if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+            check_run(cfg, args.nproc_per_node, progress=not args.no_progress)
+            return _launch_workers(args, argv, out)
+        timeout = cfg.parallel.timeout_seconds
+        with trusting(args), naming_silent_ranks(timeout):
+            init_from_env(default_device(), timeout)  # the trainer joins this group
+            summary = train(cfg, out, resume=bool(args.resume) or _restarted_with_checkpoint(out), progress=not args.no_progress)
+    except KeyboardInterrupt as e:
+        raise Interrupted(getattr(e, "signum", signal.SIGINT), _what_was_kept(out)) from None
     if summary is not None:
         if "dmt" in summary:
             print(dmt_line(summary["dmt"]))
@@ -155,7 +224,25 @@ def _restarted_with_checkpoint(out: Path) -> bool:
     """Whether the elastic launcher restarted this worker and the run has a checkpoint to resume."""
     from distrec.train.checkpoint import has_checkpoint
 
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and has_checkpoint(out)
+    return _restart_count() > 0 and has_checkpoint(out)
+
+
+def _what_was_kept(out: Path) -> str:
+    """What an interrupted run leaves: the last complete checkpoint and how to continue."""
+    from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+
+    if not has_checkpoint(out):
+        return f"no checkpoint was written in {str(out)!r} yet"
+    try:
+        step = read_meta(find_checkpoint(out))["step"]
+    except DistrecError:
+        return f"the checkpoint in {str(out)!r} is unreadable"
+    return f"the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+
+
+def _restart_count() -> int:
+    """How often the elastic launcher restarted this worker (0 outside a launcher)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def _default_out() -> Path:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
-from contextlib import closing
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from distrec.errors import DistrecError
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
 def all_to_all(
@@ -66,17 +74,67 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_from_env(device: torch.device) -> tuple[int, int]:
+def init_from_env(device: torch.device, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[int, int]:
     """Join the process group that torchrun (or a test) described in the environment.
 
-    Returns (rank, world size); (0, 1) without a distributed environment.
+    A collective waits at most ``timeout_seconds`` for the other ranks (see
+    ``naming_silent_ranks``). Returns (rank, world size); (0, 1) without a distributed
+    environment.
     """
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 and "MASTER_ADDR" not in os.environ:
         return 0, 1
+    if not timeout_seconds > 0:
+        raise DistrecError(f"the collective timeout is {timeout_seconds} s; --timeout-seconds (parallel.timeout_seconds) must be positive")
     if not dist.is_initialized():
-        store, rank, world_size = next(dist.rendezvous("env://"))
+        timeout = timedelta(seconds=timeout_seconds)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         # The elastic agent's store outlives a restart of the workers; keys of the killed
         # attempt (its ranks' addresses) must not be read by the next one, or it waits on them.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend_for(device), store=dist.PrefixStore(f"distrec/attempt-{attempt}", store), rank=rank, world_size=world_size)
+        store = dist.PrefixStore(f"distrec/attempt-{attempt}", store)
+        dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that gave up waiting for a peer (gloo's wording)."""
+    return isinstance(error, RuntimeError) and re.search(r"[Tt]imed out|[Tt]imeout", str(error)) is not None
+
+
+def silent_ranks(wait_seconds: float) -> list[int] | None:
+    """The ranks that do not check in within ``wait_seconds`` after a collective timed out.
+
+    A timeout closes gloo's connections, so the ranks check in through the group's store
+    (which the elastic agent or rank 0 keeps): every rank that is still running writes a
+    key, and those whose key does not appear are the silent ones. None when the store cannot
+    be reached.
+    """
+    prefix = "distrec/checked-in-after-timeout/"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{prefix}{dist.get_rank()}", "1")
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            missing = [r for r in range(dist.get_world_size()) if not store.check([f"{prefix}{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+    except (RuntimeError, ValueError):  # the store is gone with its host
+        return None
+
+
+@contextmanager
+def naming_silent_ranks(timeout_seconds: float) -> Iterator[None]:
+    """Turn a collective that timed out inside the block into a one-line DistrecError naming
+    the ranks that went silent (a hung, stopped or overloaded process)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not _timed_out(e) or not dist.is_initialized():
+            raise
+        silent = silent_ranks(min(timeout_seconds, 30.0))  # the healthy ranks time out within one timeout
+        who = f"rank {', '.join(map(str, silent))}" if silent else "another rank"
+        raise DistrecError(
+            f"rank {dist.get_rank()} waited {timeout_seconds:g} s for {who}, which stopped taking part (hung, stopped or killed); "
+            "end the job and resume it, or raise --timeout-seconds if that rank was only slow"
+        ) from None

@@ -1,0 +1,122 @@
+"""The command line's process behaviour: an earlier run is never overwritten silently, a
+worker's error reaches the user once, Ctrl-C and SIGTERM end a run with one line and an
+intact checkpoint, and bad process options are one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from distrec.cli import main
+from distrec.train.checkpoint import find_checkpoint, read_meta
+from distrec.train.evaluate import load_trained_model
+from test_cli import assert_one_line_error
+
+TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
+        "--batch-size", "64", "--no-progress"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+
+
+def stderr_lines(stderr):
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--max-steps", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run], f"--out {str(run)!r} already holds files",
+                   "checkpoint", "--resume", "--overwrite")
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing touched
+    assert main(["train", *TINY, "--max-steps", "3", "--out", str(run), "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 3
+    assert_one_line_error(capsys, ["train", "--resume", run, "--overwrite", "--max-steps", 4], "--overwrite cannot change a resumed run")
+    assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run / "config.yaml"], "is a file")
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["train", "--max-restarts", "-1"], ["--max-restarts is -1", "at least 0"]),
+        (["train", "--nproc-per-node", "0"], ["--nproc-per-node is 0", "at least 1"]),
+        (["train", "--timeout-seconds", "0"], ["--timeout-seconds is 0.0", "positive"]),
+        (["train", "--trust-checkpoint"], ["--trust-checkpoint", "--resume DIR"]),
+        (["evaluate", "--checkpoint", "any", "--batch-size", "0"], ["--batch-size is 0", "at least 1"]),
+    ],
+)
+def test_bad_process_options_are_one_line(capsys, tmp_path, monkeypatch, argv, fragments):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(capsys, [*argv, "--no-progress"], *fragments)
+    assert not (tmp_path / "runs").exists()  # refused before a run directory is made
+
+
+def distrec(*argv, **kwargs):
+    return subprocess.run([sys.executable, "-m", "distrec", *map(str, argv)], capture_output=True, text=True, env=ENV, timeout=300, **kwargs)
+
+
+def test_a_worker_error_is_printed_once_by_the_launcher(tmp_path):
+    """Rank 1 finds its state corrupt on resume; rank 0 then loses its peer. The user sees
+    rank 1's line once: no per-rank repeats, no launcher logs, no tracebacks."""
+    run = tmp_path / "run"
+    done = distrec("train", *TINY, "--max-steps", 4, "--nproc-per-node", 2, "--out", run)
+    assert done.returncode == 0, done.stderr
+    state = run / "checkpoint" / "state-rank1.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    resumed = distrec("train", "--resume", run, "--max-steps", 8, "--nproc-per-node", 2, "--no-progress")
+    assert resumed.returncode == 2
+    announced = "distrec: resuming from step"  # rank 0 loaded its own state before rank 1 failed
+    assert [line for line in stderr_lines(resumed.stderr) if not line.startswith(announced)] == [
+        f"distrec: error: checkpoint file {str(state)!r} is corrupt (its checksum differs from the one saved); "
+        "resume from an earlier checkpoint (a copy of the run directory) or retrain"
+    ]
+
+
+def start_training(out, *argv):
+    """A long training run in its own process group (as a shell starts a foreground job),
+    returned once its first checkpoint is written."""
+    argv = ["train", *TINY, "--max-steps", "100000", "--set", "train.checkpoint_every=5", "--out", str(out), *map(str, argv)]
+    proc = subprocess.Popen([sys.executable, "-m", "distrec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoint" / "meta.json").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1]
+    return proc
+
+
+def test_ctrl_c_on_a_two_process_run_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = start_training(out, "--nproc-per-node", 2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches every process of the terminal's foreground group
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    lines = stderr_lines(stderr)
+    assert len(lines) == 1 and lines[0].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
+    assert f"continue with 'distrec train --resume {out}'" in lines[0]
+
+
+def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = start_training(out)
+    proc.terminate()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    step = read_meta(find_checkpoint(out))["step"]
+    assert stderr_lines(stderr) == [
+        f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+    ]
+    load_trained_model(out, torch.device("cpu"))  # loads: checksums match
+    resumed = distrec("train", "--resume", out, "--max-steps", step + 2, "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["steps"] == step + 2
