@@ -57,7 +57,7 @@ NOT_RUN = {
 KNOWN_BROKEN = {
     "distrec bench hotline --data-format criteo --data ../shared/data/criteo/criteo_kaggle_sample.tsv --batch-size 128":
         "bench hotline's --help example: the Criteo sample's 31 mini-batches of 128 are fewer than "
-        "the 60 the default --train-steps 30 needs (README uses --batch-size 32)",
+        "the 60 the default --train-steps 30 needs (docs/hotline.md uses --batch-size 32)",
 }
 
 
