@@ -5,8 +5,9 @@ every ``distrec COMMAND --help``, continuation lines joined and ``#`` comments c
 commands of one source run in the order they are written, as a user would type them, in one
 scratch directory laid out like a checkout (``configs/`` inside, ``../shared`` beside it) with
 a fresh data cache, on the shared real samples. They are scaled down only by the options the
-docs name for a quicker try: ``--max-steps`` of ``distrec train`` (README, "A 5-minute tour")
-and ``--batches`` of ``distrec bench hotline`` (docs/hotline.md). Each must exit 0; a Hotline
+docs name for a quicker try: ``--max-steps`` of ``distrec train`` (README, "A 5-minute tour"),
+``--batches`` of ``distrec bench hotline`` (docs/hotline.md) and ``--sample-rows`` of
+``distrec partition`` (docs/dmt.md). Each must exit 0; a Hotline
 run of the README must also have engaged Hotline (``popular_fraction`` > 0).
 
 Every command of docs/*.md is checked too, without running it: its options must exist.
@@ -32,6 +33,7 @@ SHARED = ROOT.parent / "shared"
 FRESH_STEPS = 30
 RESUMED_STEPS = 60
 BENCH_BATCHES = 40
+PARTITION_ROWS = 256
 
 # --help examples not run (matched by the start of the command line), with the reason; every
 # command of README.md runs.
@@ -111,6 +113,8 @@ def scaled(argv: list[str]) -> list[str]:
             argv += ["--max-steps", str(limit)]
     if argv[:3] == ["distrec", "bench", "hotline"] and "--batches" not in argv:
         argv += ["--batches", str(BENCH_BATCHES)]
+    if argv[:2] == ["distrec", "partition"] and "--sample-rows" not in argv:
+        argv += ["--sample-rows", str(PARTITION_ROWS)]
     return argv
 
 
