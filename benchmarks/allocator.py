@@ -2,7 +2,7 @@
 
 Two workloads, each timed in fresh processes, one with the allocator left alone
 (``DISTREC_KEEP_FREED_MEMORY=0``, the baseline) and one with freed memory kept for reuse,
-the pair repeated ``--repeats`` times back to back so both see the same machine load:
+the pair repeated ``--repeats`` times, in turns, so both see the same machine load:
 
 - ``lookup``: the planner's embedding work (``distrec.planner.workload.LookupWorkload``:
   pooled lookups, sparse backward, SGD) of the busiest device of a generated 8-device task
@@ -25,17 +25,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import harness
 from distrec.allocator import OPT_OUT_VARIABLE, keep_freed_memory
 
 WORKLOADS = ("lookup", "train")
@@ -91,12 +91,10 @@ def measure(workload: str, steps: int, warmup: int) -> dict:
     }
 
 
-def run_worker(workload: str, setting: str, steps: int, warmup: int) -> dict:
-    """``measure`` in a fresh process with the allocator ``setting``."""
-    env = {**os.environ, OPT_OUT_VARIABLE: SETTINGS[setting]}
-    spec = json.dumps({"workload": workload, "steps": steps, "warmup": warmup})
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec], check=True, capture_output=True, text=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_worker(workload: str, setting: str, args: argparse.Namespace, round_index: int) -> dict:
+    """``measure`` in a fresh process with the allocator ``setting`` (one round of the pair)."""
+    spec = {"workload": workload, "steps": args.steps, "warmup": args.warmup}
+    return harness.run_worker(__file__, spec, env={OPT_OUT_VARIABLE: SETTINGS[setting]})
 
 
 def main() -> None:
@@ -105,7 +103,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="process pairs per workload")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per process")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument(harness.WORKER_FLAG, dest="worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
@@ -113,17 +111,14 @@ def main() -> None:
         return
     summary: dict = {"torch": torch.__version__, "steps": args.steps, "repeats": args.repeats}
     for workload in args.workloads:
-        runs = {s: [] for s in SETTINGS}
-        for r in range(args.repeats):
-            for setting in SETTINGS:
-                runs[setting].append(run_worker(workload, setting, args.steps, args.warmup))
-            print(f"  {workload} repeat {r + 1}/{args.repeats} done", flush=True)
+        settings = {setting: partial(run_worker, workload, setting, args) for setting in SETTINGS}
+        runs = harness.interleaved_rounds(settings, args.repeats, after_round=lambda r: print(f"  {workload} repeat {r + 1}/{args.repeats} done", flush=True))
         figures = {}
         for setting, results in runs.items():
-            times = np.concatenate([res["times_ms"] for res in results])
+            times = harness.Samples([t for res in results for t in res["times_ms"]])
             figures[setting] = {
-                "median_ms": round(float(np.median(times)), 2),
-                "p90_over_p10": round(float(np.percentile(times, 90) / np.percentile(times, 10)), 3),
+                "median_ms": round(times.median, 2),
+                "p90_over_p10": round(times.spread, 3),
                 "faults_per_step": round(statistics.fmean(res["faults_per_step"] for res in results), 1),
                 "peak_rss_bytes": max(res["peak_rss_bytes"] for res in results),
                 "applied": all(res["kept"] for res in results),
@@ -137,7 +132,7 @@ def main() -> None:
         figures["speedup"] = round(figures["default"]["median_ms"] / figures["keep"]["median_ms"], 3)
         print(f"{workload:7s} speedup (default / keep): {figures['speedup']:.2f}", flush=True)
         summary[workload] = figures
-    print(json.dumps(summary))
+    harness.finish(summary)
 
 
 if __name__ == "__main__":

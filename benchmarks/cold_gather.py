@@ -15,17 +15,17 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
-from hotline import PageCacheLimit  # benchmarks/hotline.py
 
+import harness
 from distrec.hotline.readahead import RowReadahead
 from distrec.hotline.tiers import map_scratch_file
+from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 
 def main() -> None:
@@ -40,24 +40,27 @@ def main() -> None:
     table.fill_(1.0)
     readahead = RowReadahead(table)
     gen = torch.Generator().manual_seed(0)
+    submit = harness.Samples()  # ms to submit the readahead of the "readahead" way
+
+    def gather(limit: PageCacheLimit, way: str, round_index: int) -> float:
+        """ms of one gather of fresh random rows, every page evicted first (then read back for ``cached*``)."""
+        ids = torch.randint(0, args.rows, (args.gather_rows,), generator=gen)
+        limit.evict_all()
+        if way.startswith("cached"):
+            torch.index_select(table, 0, ids)  # now in the page cache
+        started = time.perf_counter()
+        if way.endswith("readahead"):
+            readahead(ids)
+            if way == "readahead":
+                submit.add(1000 * (time.perf_counter() - started))
+        torch.index_select(table, 0, ids)
+        return 1000 * (time.perf_counter() - started)
+
     ways = ("fault_by_fault", "readahead", "cached", "cached_readahead")
-    ms: dict[str, list[float]] = {way: [] for way in ways} | {"readahead_submit": []}
     with PageCacheLimit(table, budget_bytes=0) as limit:
-        for _ in range(args.rounds):
-            for way in ways:
-                ids = torch.randint(0, args.rows, (args.gather_rows,), generator=gen)
-                limit.evict_all()
-                if way.startswith("cached"):
-                    torch.index_select(table, 0, ids)  # now in the page cache
-                started = time.perf_counter()
-                if way.endswith("readahead"):
-                    readahead(ids)
-                    if way == "readahead":
-                        ms["readahead_submit"].append(1000 * (time.perf_counter() - started))
-                torch.index_select(table, 0, ids)
-                ms[way].append(1000 * (time.perf_counter() - started))
+        ms = harness.interleaved_rounds({way: partial(gather, limit, way) for way in ways}, args.rounds)
     readahead.close()
-    medians = {way: float(np.median(v)) for way, v in ms.items()}
+    medians = {way: harness.Samples(v).median for way, v in ms.items()} | {"readahead_submit": submit.median}
     result = {
         "gather_rows": args.gather_rows,
         "median_ms": medians,
@@ -67,7 +70,7 @@ def main() -> None:
     for way, value in medians.items():
         print(f"{way:>16}: {value:6.2f} ms")
     print(f"readahead gathers {result['speedup_readahead']:.2f}x faster from disk, {result['cost_readahead_cached']:.2f}x the time from the page cache")
-    print(json.dumps(result))
+    harness.finish(result)
 
 
 if __name__ == "__main__":

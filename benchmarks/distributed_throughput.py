@@ -7,7 +7,10 @@ row-wise and data-parallel tables, and independent (``local``) embeddings. Each 
 ``breakdown.json``; throughput is the global batch over the mean step time (after 5 warm-up
 steps), and every figure is a ratio against the one-process run measured in the same
 invocation. Bytes are what rank 0 sends per step in each exchange. The breakdowns are also
-drawn into one PNG (one stacked bar per configuration).
+drawn into one PNG (one stacked bar per configuration). With ``--rounds R`` every
+configuration runs R times, the configurations in turns, and the round with the median step
+time is reported. The last line printed is one JSON object with every figure, also written
+to OUT/distributed_throughput.json.
 
 Usage:
     python benchmarks/distributed_throughput.py                    # ~5 minutes on 2 cores
@@ -17,12 +20,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
+import harness
 from distrec.report import plot_breakdowns
 from distrec.train.breakdown import COMPONENTS
 
@@ -30,8 +32,8 @@ SHARDINGS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 
 
 def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
-    """``--set`` items for the foundation issue's configuration on synthetic data."""
-    items = [
+    """``section.key=value`` items of the foundation issue's configuration on synthetic data."""
+    return [
         f"data.synthetic.rows={batch_size * (steps + 2)}",
         "data.synthetic.num_sparse=26",
         "data.synthetic.table_rows=100000",
@@ -47,32 +49,31 @@ def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> li
         "train.optimizer=sgd",
         "train.lr=0.01",
     ]
-    return [arg for item in items for arg in ("--set", item)]
 
 
-def run_config(label: str, procs: int, extra: list[str], args: argparse.Namespace) -> dict:
+def run_config(label: str, procs: int, extra: list[str], args: argparse.Namespace, round_index: int) -> dict:
     """Train one configuration with the CLI; its figures from breakdown.json and summary.json."""
-    out = Path(args.out) / label
-    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(out), "--cache-dir", str(Path(args.out) / "cache"),
-               *foundation_overrides(args.pooling_factor, args.steps, args.batch_size), *extra]
-    if procs > 1:
-        command += ["--nproc-per-node", str(procs)]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
-    breakdown = json.loads((out / "breakdown.json").read_text())
-    step_ms = sum(breakdown["components"][c]["mean_ms"] for c in COMPONENTS)
+    out = Path(args.out) / label / f"round{round_index}"
+    overrides = harness.set_items(foundation_overrides(args.pooling_factor, args.steps, args.batch_size))
+    run = harness.distrec_train(out, [*overrides, *extra], procs, cache_dir=Path(args.out) / "cache")
+    step_ms = run.step_ms(COMPONENTS)
     result = {
         "procs": procs,
         "samples_per_s": args.batch_size / step_ms * 1e3,
         "step_ms": step_ms,
-        "breakdown_ms": {c: round(breakdown["components"][c]["mean_ms"], 2) for c in COMPONENTS},
-        "bytes_per_step": breakdown["bytes_per_step"],
-        "wall_s": time.perf_counter() - started,
+        "breakdown_ms": {c: round(run.breakdown["components"][c]["mean_ms"], 2) for c in COMPONENTS},
+        "bytes_per_step": run.breakdown["bytes_per_step"],
+        "wall_s": run.wall_s,
+        "run": str(out),
     }
     print(f"  {label:<22} {result['samples_per_s']:>9,.0f} samples/s  step {step_ms:7.1f} ms", file=sys.stderr, flush=True)
     return result
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The figures of the round with the median step time, with every round's samples/s."""
+    middle = sorted(rounds, key=lambda r: r["step_ms"])[(len(rounds) - 1) // 2]
+    return {**middle, "samples_per_s_per_round": [round(r["samples_per_s"]) for r in rounds]}
 
 
 def configurations(procs: list[int]) -> list[tuple[str, int, list[str]]]:
@@ -90,21 +91,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps per configuration (default 30)")
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--pooling-factor", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, in turns; the median round is reported (default 1)")
     parser.add_argument("--out", default="runs/bench-distributed", help="folder for the runs, the cache and the PNG")
     args = parser.parse_args()
-    results = {}
-    for label, procs, extra in configurations(args.procs):
-        results[label] = run_config(label, procs, extra, args)
+    systems = {label: partial(run_config, label, procs, extra, args) for label, procs, extra in configurations(args.procs)}
+    results = {label: median_round(rounds) for label, rounds in harness.interleaved_rounds(systems, args.rounds).items()}
     base = results["1p"]["samples_per_s"]
     for r in results.values():
         r["ratio"] = round(r["samples_per_s"] / base, 3)
-    png = plot_breakdowns([Path(args.out) / label for label in results], Path(args.out) / "breakdown.png", statistic="mean_ms")
+    png = plot_breakdowns([Path(r["run"]) for r in results.values()], Path(args.out) / "breakdown.png", statistic="mean_ms")
     print(f"\n{'configuration':<22} {'samples/s':>10} {'ratio':>6} {'a2a in KB':>10} {'a2a out KB':>11} {'allreduce KB':>13}")
     for label, r in results.items():
         b = r["bytes_per_step"]
         print(f"{label:<22} {r['samples_per_s']:>10,.0f} {r['ratio']:>6.2f} {b['input_all_to_all'] / 1e3:>10,.0f} "
               f"{b['output_all_to_all'] / 1e3:>11,.0f} {b['gradient_all_reduce'] / 1e3:>13,.0f}")
-    print(json.dumps({"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}))
+    harness.finish({"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}, Path(args.out) / "distributed_throughput.json")
 
 
 if __name__ == "__main__":

@@ -6,21 +6,27 @@ rate + netem delay, default 1 Gbit/s and 0.2 ms host to host), so cross-host tra
 really slower than intra-host traffic. gloo is told its interface with GLOO_SOCKET_IFNAME.
 The namespaces are created here and always removed (also on failure or Ctrl-C).
 
-Every scheme trains the same model (bottom MLP, sharded embedding tables, top MLP on the
-concatenation) from the same initial weights on the same synthetic data and global batch,
-with towers = the planted interaction groups (one tower per host):
+Every scheme is trained by distrec's own trainer (``distrec.train.loop.Trainer``), each rank
+started inside its host's namespace with torchrun's environment variables, on the same
+synthetic data (towers = the planted interaction groups, one tower per host) and global
+batch; the model is distrec's DLRM (bottom MLP 13-64-N, dot interaction, top MLP 128-64-1;
+DMT-DLRM with the tower modules), Adam for the dense layers and lazy Adam for the tables:
 
-- ``flat``: ShardedEmbeddingBagCollection, one all-to-all over all ranks;
-- ``sptt``: SpttEmbeddingBagCollection, the six SPTT steps (same maths as flat);
-- ``dmt_cr{K}``: SPTT with a DLRM tower module per host compressing K x (K in --compressions).
+- ``flat``: the ``sharded`` mode with the tables placed as SPTT places them (tower t's
+  tables on host t), one all-to-all over all ranks;
+- ``sptt``: ``--lookup sptt``, the six SPTT steps (same maths as flat);
+- ``dmt_cr{K}``: ``--lookup sptt --tower-module dlrm``, a DLRM tower module per host
+  compressing K x (K in --compressions).
 
-Per scheme it prints the median embedding time per iteration (forward + backward of the
-embedding module: input exchange, lookup, output exchange / SPTT, tower module), the
-iteration time, cross-host bytes per iteration (veth counters; with --no-netns the payload
-computed from the exchange sizes) and the held-out AUC. Ratios are against ``flat`` of the
-same run: ``speedup_sptt``, and ``speedup_dmt`` for the best compression whose AUC is within
-0.005 of flat's. It also fits the simulator's links to all-to-all timings measured on the
-same cluster (distrec.sim.calibrate) and reports predicted / measured forward output-exchange
+Per scheme it prints the median iteration time (the trainer's time breakdown without data
+loading, the slowest rank per step, warm-up steps left out), the median embedding forward
+time (input exchange, lookup, output exchange / SPTT with the tower module) and of its
+output exchange alone, cross-host bytes per iteration (veth counters over the training
+steps, the final evaluation's traffic subtracted; with --no-netns only the payload computed
+from the exchange sizes) and the held-out AUC. Ratios are against ``flat`` of the same run:
+``speedup_sptt``, and ``speedup_dmt`` for the best compression whose AUC is within 0.005 of
+flat's. It also fits the simulator's links to all-to-all timings measured on the same
+cluster (distrec.sim.calibrate) and reports predicted / measured forward output-exchange
 times (the flat all-to-all, or SPTT steps (c)-(f) with the tower module).
 
 Run as root (namespaces and tc need it):
@@ -29,14 +35,14 @@ Run as root (namespaces and tc need it):
     python benchmarks/dmt_cluster.py --bandwidth 200mbit --latency-ms 1 --out runs/dmt_cluster
     python benchmarks/dmt_cluster.py --no-netns --hosts 1 --quick   # CI-safe: plain processes, loopback
 The last line printed is one JSON object with every figure; the same is written to
-OUT/dmt_cluster.json with a PNG of the times (OUT/dmt_cluster.png).
+OUT/dmt_cluster.json with a PNG of the times (OUT/dmt_cluster.png). Each scheme's run
+folder (config, metrics, breakdown, checkpoint) is OUT/<scheme>.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -49,9 +55,12 @@ from statistics import median
 
 import numpy as np
 
+import harness
+
 AUC_TOLERANCE = 0.005  # the issue's bound on DMT's AUC loss against flat
 CALIBRATION_BYTES = (64 << 10, 512 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls
 SUBNET = "10.231.{net}.{host}"
+EMBEDDING_FORWARD = ("input_all_to_all", "lookup", "output_all_to_all")  # the trainer's breakdown components
 
 
 # ----------------------------------------------------------------------------- namespaces
@@ -126,117 +135,184 @@ def _check_call(cmd: list[str]) -> None:
 # ----------------------------------------------------------------------------- launcher
 
 
+def scheme_overrides(args: argparse.Namespace, out: Path) -> dict[str, list[str]]:
+    """The ``--set`` items of every scheme's run; writes the towers and the flat plan into ``out``."""
+    from distrec import config
+    from distrec.data import Dataset, prepare
+    from distrec.data.synthetic import SyntheticGenerator
+    from distrec.parallel.sptt import FeatureLayout
+    from distrec.parallel.sptt_embedding import tower_plan
+    from distrec.parallel.topology import Topology
+    from distrec.towers.partition import TowerPartition
+
+    rows = args.steps * args.global_batch + args.eval_rows
+    common = [
+        "data.format=synthetic", f"data.synthetic.rows={rows}", "data.synthetic.num_dense=13",
+        f"data.synthetic.num_sparse={args.features}", f"data.synthetic.table_rows={args.table_rows}",
+        f"data.synthetic.interaction_groups={args.hosts if args.hosts > 1 else 0}", "data.synthetic.seed=1234",
+        f"data.max_ind_range={args.table_rows}", f"data.split=last:{args.eval_rows / rows!r}", f"data.cache_dir={out / 'cache'}",
+        f"model.embedding_dim={args.dim}", "model.interaction=dot", "model.bottom_mlp=[64]", "model.top_mlp=[128,64]",
+        f"train.batch_size={args.global_batch}", f"train.max_steps={args.steps}", f"train.eval_batch_size={args.eval_rows}",
+        "train.optimizer=adam", f"train.lr={args.lr}", "train.embedding_optimizer=adam", f"train.embedding_lr={args.embedding_lr}",
+        "train.threads=1", "train.log_every=0", f"parallel.hosts={args.hosts}", f"parallel.ranks_per_host={args.ranks_per_host}",
+    ]  # fmt: skip
+    cfg = config.load(None, common)
+    tables = Dataset(prepare(cfg.data, progress=False), cfg.data).tables(args.dim)  # parsed once, before the ranks start
+    names = [t.name for t in tables]
+    groups = SyntheticGenerator(cfg.data.synthetic).groups
+    towers = [[names[f] for f in np.flatnonzero(groups == h)] for h in range(args.hosts)] if args.hosts > 1 else [names]
+    TowerPartition(towers, "coherent").save(out / "towers.json")  # the planted groups
+    layout = FeatureLayout.from_towers(Topology(args.hosts, args.ranks_per_host), TowerPartition(towers, "coherent").feature_indices(names))
+    tower_plan(tables, layout).save(out / "flat-plan.json")
+    sptt = [*common, "parallel.lookup=sptt", f"parallel.towers={out / 'towers.json'}"]
+    return {
+        "flat": [*common, f"parallel.plan={out / 'flat-plan.json'}"],
+        "sptt": sptt,
+        **{f"dmt_cr{k:g}": [*sptt, "model.tower_module=dlrm", f"model.tower_compression={k}"] for k in args.compressions},
+    }
+
+
+def model_figures(overrides: list[str], hosts: int, ranks_per_host: int, batch: int) -> dict:
+    """What a scheme's model is, from its config (one process, stand-in tables): dense and tower
+    parameters, the tower modules' MFLOPs per sample, the compression, and the bytes the
+    embedding payload sends between hosts per iteration, forward and backward."""
+    import torch
+
+    from distrec import config
+    from distrec.data import Dataset, prepare
+    from distrec.models.build import build_model
+    from distrec.models.dmt_cost import dmt_cost
+    from distrec.models.tower_modules import mflops_per_sample, num_parameters
+    from distrec.tables import stand_in_tables
+    from distrec.towers.partition import resolve_towers
+
+    cfg = config.load(None, overrides)
+    dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
+    tables = dataset.tables(cfg.model.embedding_dim)
+    towers = resolve_towers([t.name for t in tables], cfg.parallel.towers, hosts)
+    tower_modules = cfg.model.tower_module is not None
+    model = build_model(cfg.model, dataset.num_dense, stand_in_tables(tables), towers=towers if tower_modules else None)
+    out_floats = sum(model.embeddings.tower_dims) if tower_modules else len(tables) * cfg.model.embedding_dim  # per sample, leaving the towers
+    figures = {
+        "dense_params": sum(p.numel() for p in model.dense_parameters()),
+        # forward and backward embedding payload between hosts: L(H-1) peers' b samples each way
+        "cross_host_payload_bytes": 2 * ranks_per_host * (hosts - 1) * batch * out_floats * 4,
+    }
+    if tower_modules:
+        modules = model.embeddings.tower_modules()
+        figures.update(
+            compression=dmt_cost(cfg.model, dataset.num_dense, tables, towers)["compression"],
+            tower_dim=model.embeddings.spec.dim,
+            tower_params=sum(num_parameters(m) for m in modules.values()),
+            tower_mflops_per_sample=sum(mflops_per_sample(m, torch.zeros(8, len(towers[t]), cfg.model.embedding_dim)) for t, m in modules.items()),
+        )
+    return figures
+
+
 def launch(args: argparse.Namespace) -> dict:
-    """Start hosts x ranks_per_host workers (in namespaces unless --no-netns); rank 0's result."""
-    out = Path(args.out)
+    """Train every scheme on hosts x ranks_per_host ranks (in namespaces unless --no-netns); the figures."""
+    from distrec.io import atomic_write_json
+
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    result_file = (out / "dmt_cluster.rank0.json").resolve()
+    result_file = out / "dmt_cluster.rank0.json"
     result_file.unlink(missing_ok=True)
+    schemes = scheme_overrides(args, out)
+    spec = {"schemes": schemes, "out": str(out), "warmup": args.warmup, "hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
+            "result_file": str(result_file)}  # fmt: skip
+    spec_file = out / "dmt_cluster.spec.json"
+    atomic_write_json(spec_file, spec)
     world = args.hosts * args.ranks_per_host
-    port = 29_000 + os.getpid() % 1000
-    worker = [sys.executable, os.path.abspath(__file__), "--worker", *_forward(args)]
+    worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
     hosts = EmulatedHosts(args.hosts, args.bandwidth, args.latency_ms) if not args.no_netns else contextlib.nullcontext()
-    procs: list[subprocess.Popen] = []
     with hosts:
         args.latency_emulated = (not args.no_netns) and hosts.delay_emulated
+        master = "127.0.0.1" if args.no_netns else hosts.address(0)
+        port = harness.free_port()
+        commands, envs = [], []
         for rank in range(world):
             host = rank // args.ranks_per_host
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=str(port),
-                       LOCAL_WORLD_SIZE=str(args.ranks_per_host), OMP_NUM_THREADS="1", RESULT_FILE=str(result_file))
-            if args.no_netns:
-                env.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", HOST_IFNAME="")
-                cmd = worker
-            else:
-                env.update(MASTER_ADDR=hosts.address(0), GLOO_SOCKET_IFNAME=hosts.inner[host], HOST_IFNAME=hosts.inner[host])
-                cmd = ["ip", "netns", "exec", hosts.namespaces[host], *worker]
-            procs.append(subprocess.Popen(cmd, env=env))
-        try:
-            _wait_all(procs)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=10)
-    return json.loads(result_file.read_text())
-
-
-def _wait_all(procs: list[subprocess.Popen]) -> None:
-    """Wait for every worker; stop at the first failure."""
-    while any(p.poll() is None for p in procs):
-        failed = [p for p in procs if p.poll() not in (None, 0)]
-        if failed:
-            raise SystemExit(f"dmt_cluster: a worker exited with status {failed[0].returncode}")
-        time.sleep(0.2)
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit("dmt_cluster: a worker failed")
-
-
-def _forward(args: argparse.Namespace) -> list[str]:
-    """The command-line options a worker needs, as given to the launcher."""
-    flags = []
-    for key, value in vars(args).items():
-        if key in ("worker", "latency_emulated") or value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, list):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
+            ifname = "lo" if args.no_netns else hosts.inner[host]
+            envs.append({**harness.rank_env(rank, world, args.ranks_per_host, master, port), "OMP_NUM_THREADS": "1",
+                         "GLOO_SOCKET_IFNAME": ifname, "HOST_IFNAME": "" if args.no_netns else ifname})  # fmt: skip
+            commands.append(worker if args.no_netns else ["ip", "netns", "exec", hosts.namespaces[host], *worker])
+        harness.launch_ranks(commands, envs, "dmt_cluster")
+    raw = json.loads(result_file.read_text())
+    b = args.global_batch // world
+    for name, overrides in schemes.items():
+        raw["schemes"][name].update(model_figures(overrides, args.hosts, args.ranks_per_host, b))
+    return raw
 
 
 # ----------------------------------------------------------------------------- worker
 
 
-def worker(args: argparse.Namespace) -> None:
+def worker(spec_file: str) -> None:
+    """One rank: time the links, then train every scheme with distrec's trainer; rank 0 writes the figures."""
     import torch
     import torch.distributed as dist
 
-    from distrec.config import DataConfig, SyntheticConfig
-    from distrec.data.dataset import Dataset
-    from distrec.data.synthetic import SyntheticGenerator
+    from distrec import config
+    from distrec.io import atomic_write_json
+    from distrec.parallel.comm import init_from_env
     from distrec.parallel.topology import Topology
 
+    spec = json.loads(Path(spec_file).read_text())
     torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    topology = Topology(args.hosts, args.ranks_per_host)
-    groups = topology.build_groups()
-    synthetic = SyntheticConfig(
-        rows=(args.steps + 1) * args.global_batch + args.eval_rows, num_dense=13, num_sparse=args.features,
-        table_rows=args.table_rows, interaction_groups=args.hosts if args.hosts > 1 else 0, seed=1234,
-    )
-    gen = SyntheticGenerator(synthetic)
-    data = Dataset.from_chunk(gen.generate(0, synthetic.rows), gen.features, gen.dense_names,
-                              DataConfig(max_ind_range=args.table_rows))
-    tables = data.tables(args.dim)
-    towers = [list(np.flatnonzero(gen.groups == h)) for h in range(args.hosts)] if args.hosts > 1 else [list(range(args.features))]
-    b = args.global_batch // world
-    steps = [data.batch(np.arange(s * args.global_batch + rank * b, s * args.global_batch + (rank + 1) * b))
-             for s in range(args.steps)]
-    eval_start = (args.steps + 1) * args.global_batch
-    eval_local = args.eval_rows // world
-    eval_batch = data.batch(np.arange(eval_start + rank * eval_local, eval_start + (rank + 1) * eval_local))
-
-    calibration = measure_links(topology, groups, args)
+    rank, _ = init_from_env(torch.device("cpu"))
+    topology = Topology(spec["hosts"], spec["ranks_per_host"])
+    calibration = measure_links(topology, topology.build_groups())
     calibration["flops_per_s"] = _min_over_ranks(matmul_flops_per_s())
-    schemes = ["flat", "sptt", *[f"dmt_cr{k:g}" for k in args.compressions]]
     results = {}
-    for scheme in schemes:
-        results[scheme] = train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, args)
+    for scheme, overrides in spec["schemes"].items():
+        results[scheme] = train_scheme(config.load(None, overrides), Path(spec["out"]) / scheme, spec["warmup"])
         if rank == 0:
             print(f"dmt_cluster: {scheme}: {json.dumps(results[scheme])}", file=sys.stderr, flush=True)
     if rank == 0:
-        Path(os.environ["RESULT_FILE"]).write_text(json.dumps({"schemes": results, "calibration": calibration}))
+        atomic_write_json(spec["result_file"], {"schemes": results, "calibration": calibration})
     dist.barrier()
     dist.destroy_process_group()
 
 
-def measure_links(topology, groups, args) -> dict:
+def train_scheme(cfg, out: Path, warmup: int) -> dict:
+    """Train one scheme with ``Trainer``; its median step times, cross-host bytes and AUC (rank 0)."""
+    import torch.distributed as dist
+
+    from distrec.train.breakdown import COMPONENTS
+    from distrec.train.loop import Trainer
+
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        link = _LinkCounter()
+        started = link.tx()
+        summary = trainer.fit()
+        trained = link.tx()
+        trainer.evaluate_split("val")  # the final evaluation's traffic, again, to take it out of fit's
+        evaluated = link.tx()
+        steps = trainer.timer.steps
+    finally:
+        trainer.close()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, steps)
+    slowest = {  # per measured step, the slowest rank's ms
+        name: np.max([[sum(s.get(c, 0.0) for c in components) for s in rank_steps[warmup:]] for rank_steps in every], axis=0)
+        for name, components in (("iteration", [c for c in COMPONENTS if c != "data_loading"]), ("embedding_forward", EMBEDDING_FORWARD),
+                                 ("output_exchange", ("output_all_to_all",)))
+    }  # fmt: skip
+    cross_host = (2 * trained - started - evaluated) / len(steps)
+    return {
+        "iteration_ms": float(np.median(slowest["iteration"])),
+        "embedding_forward_ms": float(np.median(slowest["embedding_forward"])),
+        # forward output exchange alone: flat all-to-all, or SPTT steps (c)-(f) with the tower module
+        "output_exchange_ms": float(np.median(slowest["output_exchange"])),
+        "auc": summary["auc"] if summary else None,
+        "logloss": summary["logloss"] if summary else None,
+        "samples_per_s": summary["samples_per_s"] if summary else None,
+        "cross_host_bytes_measured": cross_host if link.ifname else None,
+    }
+
+
+def measure_links(topology, groups) -> dict:
     """Median ms of all-to-alls of several sizes inside hosts and among peers (all groups at once)."""
     import torch
     import torch.distributed as dist
@@ -245,7 +321,7 @@ def measure_links(topology, groups, args) -> dict:
 
     out = {}
     for name, group, members in (("intra_host", groups.intra_host, topology.ranks_per_host),
-                                 ("cross_host", groups.cross_host, topology.hosts)):
+                                 ("cross_host", groups.cross_host, topology.hosts)):  # fmt: skip
         samples = []
         for size in CALIBRATION_BYTES if members > 1 else ():
             rows = size // 4
@@ -294,154 +370,23 @@ def _min_over_ranks(value: float) -> float:
     return _reduce(value, dist.ReduceOp.MIN)
 
 
-class BenchModel:
-    """Bottom MLP on dense features; top MLP on cat(bottom output, embedding output)."""
-
-    def __init__(self, embeddings, num_dense: int, width: int, dim: int) -> None:
-        import torch
-
-        from distrec.models.mlp import mlp
-
-        self.embeddings = embeddings
-        torch.manual_seed(0)  # the same dense weights on every rank and in every scheme
-        self.bottom = mlp([num_dense, 64, dim], final_activation=True)
-        self.top = mlp([dim + width, 128, 64, 1])
-        self.dense_params = [*self.bottom.parameters(), *self.top.parameters()]
-
-    def logits(self, batch, embedded):
-        import torch
-
-        return self.top(torch.cat([self.bottom(batch.dense), embedded.flatten(1)], dim=1)).squeeze(1)
-
-
-def train_scheme(scheme, tables, towers, topology, groups, steps, eval_batch, args) -> dict:
-    """Train one scheme from the common initial weights; its timings, bytes and AUC."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, full_weights_fill
-    from distrec.parallel.sptt import FeatureLayout
-    from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tower_grads, tower_plan
-    from distrec.towers.modules import TowerModuleSpec, compression_ratio, mflops_per_sample, num_parameters
-    from distrec.train.metrics import click_metrics
-    from distrec.train.optim import LazyAdam
-
-    world = topology.world_size
-    layout = FeatureLayout.from_towers(topology, towers)
-    gen = torch.Generator().manual_seed(7)
-    full = {t.name: (torch.rand(t.num_rows, t.dim, generator=gen) * 2 - 1) * t.num_rows**-0.5 for t in tables}
-    host = topology.host(dist.get_rank())
-    tower, spec = None, None
-    if scheme == "flat":
-        embeddings = ShardedEmbeddingBagCollection.from_full_weights(tables, tower_plan(tables, layout), full)
-        width = len(tables) * args.dim
-    elif scheme == "sptt":
-        embeddings = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, full_weights_fill(tables, full))
-        width = len(tables) * args.dim
-    else:
-        counts = layout.host_feature_counts()
-        spec = TowerModuleSpec.for_compression("dlrm", counts, args.dim, float(scheme.removeprefix("dmt_cr")))
-        torch.manual_seed(100 + host)
-        tower = spec.build(counts[host], args.dim)
-        dims = [spec.output_dim(c) for c in counts]
-        embeddings = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, full_weights_fill(tables, full), tower, dims)
-        width = sum(dims)
-    model = BenchModel(embeddings, eval_batch.dense.shape[1], width, args.dim)
-    tower_params = list(tower.parameters()) if tower is not None else []
-    dense_opt = torch.optim.Adam(model.dense_params + tower_params, lr=args.lr)
-    sparse_opt = LazyAdam(list(embeddings.weights), lr=args.embedding_lr)
-    iteration_ms, embedding_ms, output_ms = [], [], []
-    counters = _LinkCounter()
-    for step, batch in enumerate(steps):
-        if step == args.warmup:
-            counters.start()
-        dist.barrier()
-        t0 = time.perf_counter()
-        embedded = model.embeddings(batch)
-        t1 = time.perf_counter()
-        detached = embedded.detach().requires_grad_()
-        loss = F.binary_cross_entropy_with_logits(model.logits(batch, detached), batch.labels)
-        loss.backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.dense_params]).div_(world)
-        dist.all_reduce(grads)
-        t2 = time.perf_counter()
-        embedded.backward(detached.grad)
-        t3 = time.perf_counter()
-        torch.nn.utils.vector_to_parameters(grads, [p.grad for p in model.dense_params])
-        if tower is not None:
-            sync_tower_grads(tower, groups, world)
-        dense_opt.step()
-        sparse_opt.step()
-        dense_opt.zero_grad(set_to_none=True)
-        sparse_opt.zero_grad(set_to_none=True)
-        t4 = time.perf_counter()
-        if step >= args.warmup:
-            iteration_ms.append(_max_over_ranks((t4 - t0) * 1e3))
-            embedding_ms.append(_max_over_ranks((t1 - t0 + t3 - t2) * 1e3))
-            output_ms.append(_max_over_ranks(embeddings.stats.output_ms))
-    measured_iterations = len(steps) - args.warmup
-    with torch.no_grad():
-        probs = torch.sigmoid(model.logits(eval_batch, model.embeddings(eval_batch)))
-    everything = [torch.empty_like(probs) for _ in range(world)]
-    labels = [torch.empty_like(eval_batch.labels) for _ in range(world)]
-    dist.all_gather(everything, probs)
-    dist.all_gather(labels, eval_batch.labels)
-    metrics = click_metrics(torch.cat(labels).numpy(), torch.cat(everything).numpy())
-    b = steps[0].batch_size
-    out_floats = width  # floats per sample leaving the towers
-    result = {
-        "embedding_ms": median(embedding_ms),
-        # forward output exchange alone: flat all-to-all, or SPTT steps (c)-(f) with the tower module
-        "output_exchange_ms": median(output_ms),
-        "iteration_ms": median(iteration_ms),
-        "auc": metrics["auc"],
-        "logloss": metrics["logloss"],
-        # forward and backward embedding payload between hosts: L(H-1) peers' b samples each way
-        "cross_host_payload_bytes": 2 * topology.ranks_per_host * (topology.hosts - 1) * b * out_floats * 4,
-        "cross_host_bytes_measured": counters.per_iteration(measured_iterations),
-        "dense_params": sum(p.numel() for p in model.dense_params),
-    }
-    if spec is not None:
-        counts = layout.host_feature_counts()
-        tower_mflops = mflops_per_sample(tower, torch.zeros(8, counts[host], args.dim))
-        result.update(compression=compression_ratio(spec, counts, args.dim), tower_dim=spec.dim,
-                      tower_params=int(_sum_over_hosts(num_parameters(tower), topology)),
-                      tower_mflops_per_sample=_sum_over_hosts(tower_mflops, topology))
-    return result
-
-
-def _sum_over_hosts(value: float, topology) -> float:
-    """Sum over hosts of a value every rank of a host knows (local rank 0 counts it)."""
-    import torch.distributed as dist
-
-    return _reduce(value if topology.local_rank(dist.get_rank()) == 0 else 0.0, dist.ReduceOp.SUM)
-
-
 class _LinkCounter:
     """Bytes sent by every host over its link (veth tx counters), summed over hosts."""
 
     def __init__(self) -> None:
         self.ifname = os.environ.get("HOST_IFNAME", "")
-        self.start_bytes = 0
 
-    def _tx(self) -> int:
+    def tx(self) -> int:
+        """The hosts' bytes sent so far (a collective: every rank calls it; 0 without namespaces)."""
         import torch
         import torch.distributed as dist
 
         mine = 0
-        if self.ifname and int(os.environ["RANK"]) % int(os.environ["LOCAL_WORLD_SIZE"]) == 0:
+        if self.ifname and int(os.environ["LOCAL_RANK"]) == 0:
             mine = int(Path(f"/sys/class/net/{self.ifname}/statistics/tx_bytes").read_text())
         t = torch.tensor([mine], dtype=torch.int64)
         dist.all_reduce(t)
         return int(t)
-
-    def start(self) -> None:
-        self.start_bytes = self._tx()
-
-    def per_iteration(self, iterations: int) -> float | None:
-        total = self._tx() - self.start_bytes  # collective: every rank calls it
-        return total / max(iterations, 1) if self.ifname else None
 
 
 # ----------------------------------------------------------------------------- report
@@ -453,7 +398,7 @@ def summarize(raw: dict, args: argparse.Namespace) -> dict:
     flat = schemes["flat"]
     for r in schemes.values():
         r["speedup"] = flat["iteration_ms"] / r["iteration_ms"]
-        r["embedding_speedup"] = flat["embedding_ms"] / r["embedding_ms"]
+        r["embedding_forward_speedup"] = flat["embedding_forward_ms"] / r["embedding_forward_ms"]
     within = [k for k in schemes if k.startswith("dmt") and flat["auc"] - schemes[k]["auc"] <= AUC_TOLERANCE]
     best = max(within, key=lambda k: schemes[k]["speedup"]) if within else None
     summary = {
@@ -513,27 +458,16 @@ def simulator_fit(calibration: dict, schemes: dict, args: argparse.Namespace) ->
 
 
 def plot(summary: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from distrec.io import atomic_write_bytes
-
     names = list(summary["schemes"])
-    fig = Figure(figsize=(7, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    x = np.arange(len(names))
-    ax.bar(x - 0.2, [summary["schemes"][n]["iteration_ms"] for n in names], 0.4, label="iteration")
-    ax.bar(x + 0.2, [summary["schemes"][n]["embedding_ms"] for n in names], 0.4, label="embedding (fwd+bwd)")
-    ax.set_xticks(x, names)
-    ax.set_ylabel("ms per iteration (median)")
+    fig, (ax,) = harness.figure(width=7)
+    series = {"iteration": [summary["schemes"][n]["iteration_ms"] for n in names],
+              "embedding forward": [summary["schemes"][n]["embedding_forward_ms"] for n in names]}  # fmt: skip
+    harness.bars(ax, names, series, "ms per iteration (median)")
+    ax.set_xlabel("scheme")
     delay = f"{summary['latency_ms']} ms" if summary["latency_emulated"] else "no added delay"
     link = f"{summary['bandwidth']}, {delay}" if summary["netns"] else "one machine, loopback"
     ax.set_title(f"{summary['hosts']} hosts x {summary['ranks_per_host']} ranks, {link}")
-    ax.legend()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
+    harness.save_png(fig, path)
 
 
 def print_table(summary: dict) -> None:
@@ -542,7 +476,7 @@ def print_table(summary: dict) -> None:
     rows = []
     for name, r in summary["schemes"].items():
         measured = r["cross_host_bytes_measured"]
-        rows.append({"scheme": name, "iteration_ms": r["iteration_ms"], "embedding_ms": r["embedding_ms"],
+        rows.append({"scheme": name, "iteration_ms": r["iteration_ms"], "embedding_fwd_ms": r["embedding_forward_ms"],
                      "speedup": r["speedup"], "auc": r["auc"],
                      "cross_MB_payload": r["cross_host_payload_bytes"] / 1e6,
                      "cross_MB_link": measured / 1e6 if measured is not None else "-"})
@@ -551,26 +485,19 @@ def print_table(summary: dict) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--ranks-per-host", type=int, default=2)
-    p.add_argument("--bandwidth", default="1gbit", help="tc rate of every host link (default 1gbit)")
-    p.add_argument("--latency-ms", type=float, default=0.2, help="host-to-host delay (ms, default 0.2)")
-    p.add_argument("--global-batch", type=int, default=4096)
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--table-rows", type=int, default=5000)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--eval-rows", type=int, default=16384)
-    p.add_argument("--lr", type=float, default=0.003, help="Adam learning rate of the dense layers and tower modules")
-    p.add_argument("--embedding-lr", type=float, default=0.03, help="row-wise (lazy) Adam learning rate of the tables")
-    p.add_argument("--compressions", type=float, nargs="+", default=[2, 4, 8])
+    defaults = dict(hosts=2, ranks_per_host=2, bandwidth="1gbit", latency_ms=0.2, global_batch=4096, features=16, dim=64, table_rows=5000,
+                    steps=50, warmup=5, eval_rows=16384, lr=0.003, embedding_lr=0.03, compressions=[2.0, 4.0, 8.0])  # fmt: skip
+    harness.add_options(p, defaults, {
+        "bandwidth": "tc rate of every host link (default 1gbit)",
+        "latency_ms": "host-to-host delay (ms, default 0.2)",
+        "lr": "Adam learning rate of the dense layers and tower modules",
+        "embedding_lr": "row-wise (lazy) Adam learning rate of the tables",
+    })  # fmt: skip
     p.add_argument("--no-netns", action="store_true", help="plain processes on the loopback (CI-safe)")
     p.add_argument("--quick", action="store_true", help="a short run: fewer steps, smaller batch and model")
     p.add_argument("--out", default="runs/dmt_cluster", help="folder of the JSON and PNG results")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quick and not args.worker:
+    if args.quick:
         args.steps, args.global_batch, args.eval_rows, args.dim, args.table_rows = 20, 1024, 4096, 16, 1000
         args.warmup = 3
     world = args.hosts * args.ranks_per_host
@@ -582,20 +509,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.worker:
-        worker(args)
+    if argv is None and sys.argv[1:2] == [harness.WORKER_FLAG]:
+        worker(sys.argv[2])
         return {}
+    args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on kill too
     summary = summarize(launch(args), args)
     out = Path(args.out)
-    from distrec.io import atomic_write_json
-
-    atomic_write_json(out / "dmt_cluster.json", summary)
     plot(summary, out / "dmt_cluster.png")
     print_table(summary)
-    print(json.dumps(summary))
-    return summary
+    return harness.finish(summary, out / "dmt_cluster.json")
 
 
 if __name__ == "__main__":

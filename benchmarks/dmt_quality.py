@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+import harness
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATASETS = {
@@ -46,28 +46,27 @@ MODELS = ("dlrm", "sptt_dlrm", "dmt_tp", "dmt_naive")
 
 
 def train(model, dataset, rows, epochs: int, batch_size: int, seed: int, lr: float, embedding_lr: float) -> None:
+    """``epochs`` passes over ``rows`` with distrec's training step (Adam, lazy Adam for the tables)."""
     from distrec.train.optim import make_optimizers
+    from distrec.train.step import TrainStep
 
-    optimizers = make_optimizers(model, "adam", lr, "adam", embedding_lr)
+    step = TrainStep(model, make_optimizers(model, "adam", lr, "adam", embedding_lr))
     model.train()
     for epoch in range(epochs):
         for batch in dataset.batches(rows, batch_size, shuffle=True, seed=seed, epoch=epoch):
-            loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
-            loss.backward()
-            for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            step(batch)
 
 
 def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     from distrec import config
     from distrec.data import Dataset, prepare
     from distrec.models.build import build_model
+    from distrec.models.dmt import tower_spec
+    from distrec.models.dmt_cost import dmt_cost
+    from distrec.models.tower_modules import compression_ratio
     from distrec.towers.from_run import pairwise_interaction
-    from distrec.towers.model import dmt_cost, tower_spec
-    from distrec.towers.modules import compression_ratio
     from distrec.towers.partition import partition_features, resolve_towers
-    from distrec.train.loop import evaluate
+    from distrec.train.evaluate import evaluate
 
     fmt, path, towers, max_ratio, epochs = DATASETS[name]
     epochs = 1 if args.quick else epochs
@@ -111,29 +110,17 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
 
 
 def plot(results: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from distrec.io import atomic_write_bytes
-
-    fig = Figure(figsize=(8, 3.5))
-    FigureCanvasAgg(fig)
-    for i, (name, r) in enumerate(results.items()):
-        ax = fig.add_subplot(1, len(results), i + 1)
+    fig, axes = harness.figure(len(results), width=8 / len(results), height=3.5)
+    for ax, (name, r) in zip(axes, results.items()):
         means = [np.mean(r["auc"][m]) for m in MODELS]
-        stds = [np.std(r["auc"][m]) for m in MODELS]
-        ax.bar(range(len(MODELS)), means, yerr=stds, capsize=3)
-        ax.set_xticks(range(len(MODELS)), MODELS, rotation=30, fontsize=8)
+        harness.bars(ax, MODELS, {"AUC": means}, "AUC (mean, std over seeds)", errors={"AUC": [np.std(r["auc"][m]) for m in MODELS]})
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
         ax.set_ylim(min(means) - 0.03, max(means) + 0.02)
         ax.set_title(name)
-        ax.set_ylabel("AUC (mean, std over seeds)")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
+    harness.save_png(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from distrec.io import atomic_write_json
     from distrec.sim.report import format_table
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -161,10 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_table(rows))
     out = Path(args.out)
     summary = {"seeds": args.seeds, "results": results}
-    atomic_write_json(out / "dmt_quality.json", summary)
     plot(results, out / "dmt_quality.png")
-    print(json.dumps(summary))
-    return summary
+    return harness.finish(summary, out / "dmt_quality.json")
 
 
 if __name__ == "__main__":

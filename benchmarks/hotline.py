@@ -7,13 +7,15 @@ with the embedding tables many times larger than the page cache allowed to stay 
 - ``slow_tier`` (b): every row in the slow tier (a memory-mapped file on disk), gathered and
   updated synchronously, no hot set, no pipelining (the hybrid baseline); its gathers read
   their pages ahead all at once (``distrec.hotline.readahead``), as Hotline's do;
-- ``slow_tier_fault_by_fault`` (b0): the same without the readahead, so each row's page is
+- ``slow_tier_fault_by_fault`` (b0): the same without the readahead (``readahead=False``,
+  ``hotline.readahead: false`` in a run's config), so each row's page is
   read when the gather faults on it, as with a plain memory-mapped table;
 - ``hotline`` (c): ``distrec.hotline.training.HotlineTraining``: the hot set in the fast
   tier, the popular micro-batch running while a worker gathers the non-popular one's cold
-  rows. Its learning phase is shortened: the access logger samples (``--sample-rate``) the
-  ids of ``--learn-steps`` mini-batches without training on them (training at that time
-  runs at slow-tier speed, which (b) measures), then the hot set is selected once.
+  rows. Its learning phase is shortened (``HotlineTraining.learn``): the access logger
+  counts the ids of ``--learn-steps`` mini-batches, the ones a sample rate of
+  ``--sample-rate`` would pick in a longer phase, without training on them (training at
+  that time runs at slow-tier speed, which (b) measures), then the hot set is selected once.
 
 The data imitates Criteo's mix of table sizes: one large table holds nearly all rows and
 25 small ones of 100 rows the rest (Criteo Kaggle has 3 tables above a million rows and
@@ -79,14 +81,15 @@ import json
 import mmap
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
+import harness
 from distrec import config
 from distrec.config import DataConfig, ModelConfig, SyntheticConfig
 from distrec.data.batch import Batch
@@ -96,7 +99,6 @@ from distrec.data.synthetic import SyntheticGenerator
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.training import HotlineTraining
-from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.tables import TableConfig, stand_in_tables
 from distrec.train.optim import make_optimizers
@@ -290,11 +292,8 @@ def slow_tier(setup: Setup, tables: list[TableConfig], out: Path, stack: ExitSta
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
     init = stacked_rows_init(model.embeddings.initializer.for_tables(tables))  # the values (a) and (c) start from
-    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out)
+    model.embeddings = embeddings = HotlineEmbeddingBagCollection(tables, init=init, slow="disk", directory=out, readahead=readahead)
     stack.callback(embeddings.close)
-    if not readahead:
-        embeddings.store.readahead.close()
-        embeddings.store.readahead = None
     limit = stack.enter_context(PageCacheLimit(embeddings.store.slow, parse_bytes(setup.page_cache, "--page-cache"), setup.seed))
     limit.evict_all()
     step = TrainStep(model, [*make_optimizers(model, "sgd", LR), TieredRowOptimizer(embeddings, lr=LR)])
@@ -305,11 +304,8 @@ def hotline(setup: Setup, tables: list[TableConfig], learn: list[Batch], out: Pa
     torch.manual_seed(setup.seed)
     model = build_model(model_config(setup), setup.num_dense, stand_in_tables(tables))
     training = stack.enter_context(HotlineTraining(model, run_config(setup, out, relearn_every=0), len(learn), out, tables=tables))
-    for batch in learn:  # the learning phase's sampled mini-batches, without its (slow-tier speed) training
-        training.logger.record(training.embeddings.space.batch_ids(batch))
-    training.logger.sampled_batches += len(learn)
-    training.pipeline.relearn()
-    page_cache = parse_bytes(setup.page_cache, "--page-cache") - training.embeddings.store.fast_bytes
+    training.learn(learn)  # the learning phase's sampled mini-batches, without its (slow-tier speed) training
+    page_cache = parse_bytes(setup.page_cache, "--page-cache") - training.stats()["fast_tier_bytes"]
     limit = stack.enter_context(PageCacheLimit(training.embeddings.store.slow, page_cache, setup.seed))
     limit.evict_all()
     return System("hotline", training.step, limit, training)
@@ -324,13 +320,18 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
             slow_tier(setup, tables, out, stack, readahead=False),
             hotline(setup, tables, learn, out, stack),
         ]
-        order = np.random.default_rng(setup.seed)
-        for start in range(0, len(batches), setup.block_steps):
-            for k in order.permutation(len(systems)):  # no system always follows another
-                for i in range(start, min(start + setup.block_steps, len(batches))):
+
+        def block(system: System) -> Callable[[int], None]:
+            def run(r: int) -> None:
+                for i in range(r * setup.block_steps, min((r + 1) * setup.block_steps, len(batches))):
                     record = i >= setup.warmup_steps
-                    systems[k].run(batches[i], record)
-                    systems[k].reclaim(record)
+                    system.run(batches[i], record)
+                    system.reclaim(record)
+
+            return run
+
+        rounds = -(-len(batches) // setup.block_steps)
+        harness.interleaved_rounds({s.name: block(s) for s in systems}, rounds, shuffle_seed=setup.seed)  # no system always follows another
         result = {s.name: s.figures(setup.batch_size) for s in systems}
         stats = systems[-1].hotline.pipeline.stats
         result["hotline"].update(
@@ -382,22 +383,17 @@ def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = 2 if "drift" in result else 1
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    fig, axes = harness.figure(panels)
     systems = ["in_memory", "slow_tier", "slow_tier_fault_by_fault", "hotline"]
     speeds = [result["systems"][s]["samples_per_s"] for s in systems]
-    ax = axes[0][0]
+    ax = axes[0]
     ax.bar(["(a) all\nin RAM", "(b) slow\ntier", "(b0) fault\nby fault", "(c)\nHotline"], speeds, color=["#888", "#c44", "#e99", "#48c"])
     ax.set_ylabel("training samples/s")
     ax.set_title(f"tables {result['table_bytes'] / 2**30:.1f} GiB, page cache {result['page_cache_bytes'] / 2**30:.2f} GiB")
     if panels == 2:
         d = result["drift"]
-        ax = axes[0][1]
+        ax = axes[1]
         w = d["popular_fraction_per_window"]
         ax.plot(np.arange(1, len(w) + 1) * d["relearn_every"], w, marker="o")
         for x in range(d["drift_period_steps"], len(w) * d["relearn_every"], d["drift_period_steps"]):
@@ -405,22 +401,12 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xlabel("mini-batch (end of relearn window)")
         ax.set_ylabel("popular-input fraction")
         ax.set_title("drifting popularity (dashed: shift)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.save_png(fig, path)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = Setup()
-    for f in dataclasses.fields(Setup):
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=value)
-        elif isinstance(value, list):
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=lambda s: [int(x) for x in s.split(",")], default=value)
-        else:
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value)
+    harness.add_options(p, asdict(Setup()))
     p.add_argument("--no-drift", action="store_true", help="skip the drifting-popularity measurement")
     p.add_argument("--out", type=Path, default=Path("runs/bench-hotline"), help="folder for the JSON and PNG (and the slow tier's file)")
     args = p.parse_args()
@@ -458,9 +444,8 @@ def main() -> None:
         result["drift"] = drift(setup, args.out)
         d = result["drift"]
         print(f"drift: popular {d['settled']:.2f} settled, {d['after_shift']:.2f} after the shift, {d['one_relearn_later']:.2f} one relearn later")
-    atomic_write_json(args.out / "hotline-speed.json", result)
     plot(result, args.out / "hotline-speed.png")
-    print(json.dumps(result))
+    harness.finish(result, args.out / "hotline-speed.json")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ all training steps, the learning phase (before the first hot set) included; the 
 Hotline's bytes over the sharded trainer's. The replicated hot rows cost all-reduce bytes
 instead (one lookup count per hot row, and the gradients of the hot rows some rank looked
 up), so the gradient all-reduces are compared too (the sharded trainer's: the dense
-gradients, every step), and the total of both kinds of traffic.
+gradients, every step), and the total of both kinds of traffic. With ``--rounds R`` every
+run is repeated R times, the runs in turns, and the median round's samples/s is reported.
+The last line printed is one JSON object with every figure, also written to
+OUT/hotline_distributed.json.
 
 Usage:
     python benchmarks/hotline_distributed.py                       # ~3 minutes on 2 cores
@@ -19,15 +22,16 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
+
+import harness
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` items of the data set and model shared by every run."""
-    items = [
+    """``section.key=value`` items of the data set and model shared by every run."""
+    return [
         f"data.synthetic.rows={args.batch_size * (args.steps + 2)}",
         f"data.synthetic.num_sparse={args.tables}",
         f"data.synthetic.table_rows={args.table_rows}",
@@ -43,45 +47,44 @@ def overrides(args: argparse.Namespace) -> list[str]:
         "train.lr=0.01",
         "train.threads=1",
     ]
-    return [arg for item in items for arg in ("--set", item)]
 
 
-def train(label: str, extra: list[str], args: argparse.Namespace) -> dict:
+def train(label: str, extra: list[str], args: argparse.Namespace, round_index: int) -> dict:
     """One ``distrec train`` run; its summary, with ``dense_all_reduce_bytes`` per step."""
-    out = Path(args.out) / label
-    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(out), "--cache-dir", str(Path(args.out) / "cache"),
-               "--nproc-per-node", str(args.procs), "--sharding", args.sharding, *overrides(args), *extra]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
-    summary = json.loads((out / "summary.json").read_text())
-    summary["dense_all_reduce_bytes"] = json.loads((out / "breakdown.json").read_text())["bytes_per_step"]["gradient_all_reduce"]
+    out = Path(args.out) / label / f"round{round_index}"
+    arguments = ["--sharding", args.sharding, *harness.set_items(overrides(args)), *extra]
+    run = harness.distrec_train(out, arguments, args.procs, cache_dir=Path(args.out) / "cache")
+    summary = {**run.summary, "dense_all_reduce_bytes": run.breakdown["bytes_per_step"]["gradient_all_reduce"]}
     print(f"  {label:<16} {summary['samples_per_s']:>9,.0f} samples/s  all-to-all {summary['all_to_all_bytes'] / 1e6:8.1f} MB", file=sys.stderr, flush=True)
     return summary
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """The summary of the round with the median samples/s (bytes are the same in every round)."""
+    return sorted(rounds, key=lambda s: s["samples_per_s"])[(len(rounds) - 1) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--sharding", default="table_wise", choices=["table_wise", "column_wise", "row_wise"])
-    parser.add_argument("--budgets", nargs="+", default=["256KB", "1MB", "4MB"], help="hot budgets (bytes of the replicated table)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--tables", type=int, default=8)
-    parser.add_argument("--table-rows", type=int, default=100_000)
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--zipf", type=float, default=1.05)
-    parser.add_argument("--sample-rate", type=float, default=0.5)
-    parser.add_argument("--relearn-every", type=int, default=10)
+    defaults = dict(procs=2, budgets=["256KB", "1MB", "4MB"], steps=60, batch_size=4096, tables=8, table_rows=100_000, dim=16, zipf=1.05,
+                    sample_rate=0.5, relearn_every=10, rounds=1)  # fmt: skip
+    harness.add_options(parser, defaults, {
+        "budgets": "hot budgets (bytes of the replicated table)",
+        "rounds": "rounds of every run, in turns; the median round's samples/s is reported (default 1)",
+    })  # fmt: skip
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
     args = parser.parse_args()
-    base = train("sharded", [], args)
+    hotline = ["--hotline", "--sample-rate", str(args.sample_rate), "--relearn-every", str(args.relearn_every)]
+    systems = {"sharded": partial(train, "sharded", [], args)}
+    systems.update({f"hotline-{budget}": partial(train, f"hotline-{budget}", [*hotline, "--hot-budget", budget], args) for budget in args.budgets})
+    summaries = {label: median_round(rounds) for label, rounds in harness.interleaved_rounds(systems, args.rounds).items()}
+    base = summaries["sharded"]
     base_reduce = base["dense_all_reduce_bytes"] * args.steps
     runs = {"sharded": {"samples_per_s": base["samples_per_s"], "all_to_all_bytes": base["all_to_all_bytes"], "all_reduce_bytes": base_reduce,
                         "total_bytes": base["all_to_all_bytes"] + base_reduce}}
     for budget in args.budgets:
-        s = train(f"hotline-{budget}", ["--hotline", "--hot-budget", budget, "--sample-rate", str(args.sample_rate),
-                                        "--relearn-every", str(args.relearn_every)], args)
+        s = summaries[f"hotline-{budget}"]
         h = s["hotline"]
         total = s["all_to_all_bytes"] + h["all_reduce_bytes"]
         runs[f"hotline-{budget}"] = {
@@ -101,7 +104,7 @@ def main() -> None:
         print(f"{label:<16} {r['samples_per_s']:>10,.0f} {r['all_to_all_bytes'] / 1e6:>9.1f} {r.get('bytes_ratio_vs_sharded', 1.0):>10.3f} "
               f"{r['all_reduce_bytes'] / 1e6:>14.1f} {r.get('total_bytes_ratio_vs_sharded', 1.0):>12.3f} "
               f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f}")
-    print(json.dumps({"config": vars(args), "baseline": "sharded", "runs": runs}))
+    harness.finish({"config": vars(args), "baseline": "sharded", "runs": runs}, Path(args.out) / "hotline_distributed.json")
 
 
 if __name__ == "__main__":

@@ -27,19 +27,19 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
-from hotline import PageCacheLimit  # benchmarks/hotline.py
 
+import harness
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.tiers import map_scratch_file
+from hotline import PageCacheLimit  # benchmarks/hotline.py
 
 ROW_FLOATS = 64
 
@@ -87,25 +87,29 @@ def main() -> None:
     if placement is not None:
         modes["disk_placed"] = (disk, placement)
         modes["disk_on_interrupt_cpus"] = (disk, ThreadPlacement(compute=placement.prefetch, prefetch=placement.compute))
-    times: dict[str, list[float]] = {m: [] for m in modes}
+
+    def measure(limit: PageCacheLimit, mode: str, round_index: int) -> float:
+        """The compute thread's ms per iteration while the gatherer does ``mode``'s work."""
+        table, place = modes[mode]
+        os.sched_setaffinity(0, place.compute if place else every_cpu)
+        os.sched_setaffinity(worker.native_id, place.prefetch if place else every_cpu)
+        source["table"] = table
+        ms = compute_ms()
+        source["table"] = None
+        limit.evict_all()
+        return ms
+
     with PageCacheLimit(disk, budget_bytes=0) as limit:
         worker.start()
         try:
             compute_ms()
             limit.evict_all()
-            for _ in range(args.rounds):
-                for mode, (table, place) in modes.items():
-                    os.sched_setaffinity(0, place.compute if place else every_cpu)
-                    os.sched_setaffinity(worker.native_id, place.prefetch if place else every_cpu)
-                    source["table"] = table
-                    times[mode].append(compute_ms())
-                    source["table"] = None
-                    limit.evict_all()
+            times = harness.interleaved_rounds({mode: partial(measure, limit, mode) for mode in modes}, args.rounds)
         finally:
             stop.set()
             worker.join()
             os.sched_setaffinity(0, every_cpu)
-    medians = {m: float(np.median(t)) for m, t in times.items()}
+    medians = {m: harness.Samples(t).median for m, t in times.items()}
     result = {
         "compute_ms": medians,
         "ms_per_round": {m: [round(v, 1) for v in t] for m, t in times.items()},
@@ -114,7 +118,7 @@ def main() -> None:
     }
     for mode, ms in medians.items():
         print(f"{mode:>22}: {ms:6.1f} ms per iteration, {ms / medians['idle']:.2f}x idle")
-    print(json.dumps(result))
+    harness.finish(result)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,12 @@ Writes OUT/quality.json and OUT/quality.png.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import statistics
 from pathlib import Path
 
 import numpy as np
+
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -83,7 +83,8 @@ def logistic_regression_aucs(dataset, splits: dict[str, np.ndarray]) -> dict[str
 def run_dataset(name: str, seeds: list[int], out: Path, threads: int) -> dict:
     from distrec import config
     from distrec.data import Dataset, prepare
-    from distrec.train.loop import split_rows, train
+    from distrec.train.loop import train
+    from distrec.train.run import split_rows
 
     config_file, path = DATASETS[name]
     result: dict = {"config": str(config_file.relative_to(ROOT)), "seeds": seeds, "auc": [], "lr": [], "lr_best_c": []}
@@ -116,16 +117,9 @@ def run_dataset(name: str, seeds: list[int], out: Path, threads: int) -> dict:
 
 def plot(results: dict, path: Path) -> None:
     """Bars: distrec AUC (mean, with the seeds' spread) beside the two LR baselines, per data set."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from distrec.io import atomic_write_bytes
-
     names = list(results)
     x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax,) = harness.figure(width=6)
     bars = [("distrec dlrm-kaggle", "auc_mean", "auc_std"), ("hashed LR, C=1", "lr_mean", None), ("hashed LR, best C", "lr_best_c_mean", None)]
     for i, (label, key, err) in enumerate(bars):
         values = [results[n][key] for n in names]
@@ -136,10 +130,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("holdout AUC")
     ax.set_title("distrec vs hashed logistic regression (same split)")
     ax.legend(loc="upper left")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    harness.save_png(fig, path)
 
 
 def main() -> None:
@@ -151,8 +142,6 @@ def main() -> None:
     parser.add_argument("--out", default="runs/quality", help="where runs, quality.json and quality.png go")
     args = parser.parse_args()
 
-    from distrec.io import atomic_write_json
-
     seeds = [0] if args.quick else args.seeds
     out = Path(args.out)
     results = {name: run_dataset(name, seeds, out, args.threads) for name in args.datasets}
@@ -161,9 +150,8 @@ def main() -> None:
     for name, r in results.items():
         print(f"{name:10s} {r['auc_mean']:.4f} +- {r['auc_std']:.4f} {r['lr_mean']:8.4f} {r['lr_best_c_mean']:10.4f} "
               f"{r['gain']:+.4f} +- {r['gain_std']:.4f} {r['seeds_won']:>6d}/{len(r['auc'])}")
-    atomic_write_json(out / "quality.json", results)
     plot(results, out / "quality.png")
-    print(json.dumps(results))
+    harness.finish(results, out / "quality.json")
 
 
 if __name__ == "__main__":

@@ -17,16 +17,25 @@ rounds), so load from other jobs falls on every algorithm alike (see
 ``distrec.planner.execute``). Variants that produce the same plan of a task are executed
 once and share its cost.
 
+TorchRec's planner (``EmbeddingShardingPlanner``, see ``distrec.planner.torchrec_planner``)
+plans the same tasks with the same per-device memory and the benchmark's batch size; its
+own storage estimate (weights plus input/output buffers) may refuse tasks whose weights fit,
+which counts against its success rate. Run it in a venv with TorchRec
+(``benchmarks/setup_torchrec.sh``); without one it is left out and its fields are null.
+
 The results JSON also holds, per setting, every executed plan's per-device executed and
 predicted parts (compute, forward all-to-all with its wait for late ranks, backward
 all-to-all). Printed per setting: each algorithm's mean cost over the tasks it solved and its success
 rate; NeuroShard's mean cost over the tasks both solved divided by each baseline's
-(``ratio``, below 1 means NeuroShard is faster; ``best_baseline`` is the baseline with the
+(``ratio``, below 1 means NeuroShard is faster; ``best_baseline`` is the heuristic with the
 highest ratio, ``best_baseline_ms`` and ``neuroshard_ms_same_tasks`` its and NeuroShard's
-means on their shared tasks); the cost the cost models predicted for NeuroShard's plans
+means on their shared tasks; TorchRec's planner is reported on its own: ``torchrec_ms``,
+``torchrec_success``, ``ratio_vs_torchrec``); each planner's mean planning time
+(``planning_s``, over the tasks it solved); the cost the cost models predicted for NeuroShard's plans
 against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
-beam search, no grid search, no cache: executed
-cost and search time).
+column splits beyond those a table needs to fit a device, which is the paper's "no beam
+search" of its Table 3;
+beam width 1; no grid search; no cache: executed cost and search time).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
 first (resumable). ``--quick`` runs 2 max dims x 5 tasks (or ``--tasks``) per device count
@@ -35,6 +44,7 @@ first 2 tasks of a setting; its column is the search-time ratio on those tasks.
 
 Usage:
     python benchmarks/sharding.py --quick
+    PYTHONPATH=src venv-torchrec/bin/python benchmarks/sharding.py --quick --tasks 20 --seed 1   # with TorchRec's planner
     python benchmarks/sharding.py --cost-models runs/cost_models.pt --tasks 100 --max-dims 4 8 16 32 64 128
 """
 
@@ -59,9 +69,9 @@ from distrec.planner.heuristics import HEURISTICS
 from distrec.planner.search import SearchOptions
 from distrec.planner.store import load_cost_models
 from distrec.planner.table_pool import generate_tasks, make_table_pool
-from distrec.planner.torchrec_planner import torchrec_available
+from distrec.planner.torchrec_planner import torchrec_available, torchrec_version
 
-ABLATIONS = ("no-beam", "no-grid", "no-cache")
+ABLATIONS = ("no-split", "no-beam", "no-grid", "no-cache")
 BASELINES = (*HEURISTICS, "torchrec") if torchrec_available() else HEURISTICS  # TorchRec's planner where it is installed
 VARIANTS = ("neuroshard", *BASELINES, *(f"neuroshard-{a}" for a in ABLATIONS))
 
@@ -157,8 +167,9 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
     shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in BASELINES}
     for b in BASELINES:  # NeuroShard over the baseline on the tasks both solved
         algorithms[b]["ratio"] = mean_cost("neuroshard", shared[b]) / mean_cost(b, shared[b]) if shared[b] else None
-    rated = [b for b in BASELINES if algorithms[b]["ratio"] is not None]
-    strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the hardest to beat
+    rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
+    strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the heuristic hardest to beat
+    torchrec = algorithms.get("torchrec", {})
     pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
     details = plan_details(jobs, job_of, costs, planned)
     summary = {
@@ -171,6 +182,10 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "best_baseline_ms": mean_cost(strongest, shared[strongest]) if strongest else None,
         "neuroshard_ms_same_tasks": mean_cost("neuroshard", shared[strongest]) if strongest else None,
         "ratio_vs_best_baseline": algorithms[strongest]["ratio"] if strongest else None,
+        "torchrec_ms": torchrec.get("mean_ms"),
+        "torchrec_success": torchrec.get("success"),
+        "ratio_vs_torchrec": torchrec.get("ratio"),
+        "planning_s": {v: algorithms[v]["search_time_s"] for v in VARIANTS[: 1 + len(BASELINES)]},
         "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
         "cache_speedup": search_time_ratio(planned, "neuroshard-no-cache", "neuroshard"),
@@ -234,9 +249,11 @@ def markdown_table(settings: list[dict]) -> str:
         "devices",
         "max dim",
         *VARIANTS[: 1 + len(BASELINES)],
-        "NeuroShard / strongest baseline (shared tasks)",
-        "ablations ms (no beam / no grid)",
-        "search s (full / no beam / no grid)",
+        "NeuroShard / strongest heuristic (shared tasks)",
+        "NeuroShard / TorchRec (shared tasks)",
+        "planning s (" + " / ".join(VARIANTS[: 1 + len(BASELINES)]) + ")",
+        "ablations ms (no split / beam width 1 / no grid)",
+        "search s (full / no split / beam width 1 / no grid)",
         "no cache: search time x",
         "plan pairs ordered as executed",
     ]
@@ -245,9 +262,10 @@ def markdown_table(settings: list[dict]) -> str:
         a = s["algorithms"]
         cells = [f"{fmt(a[v]['mean_ms'])} ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(BASELINES)]]
         ratio = f"{fmt(s['ratio_vs_best_baseline'], '.3f')} ({s['best_baseline'] or '-'})"
-        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-beam", "no-grid"))
-        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-beam", "neuroshard-no-grid"))
-        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, ablations, search, fmt(s["cache_speedup"], ".2f"), fmt(s["pairs_ordered_as_executed"], ".2f")]) + " |")
+        planning = " / ".join(fmt(t, ".3f") for t in s["planning_s"].values())
+        ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-split", "no-beam", "no-grid"))
+        search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-split", "neuroshard-no-beam", "neuroshard-no-grid"))
+        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, fmt(s["ratio_vs_torchrec"], ".3f"), planning, ablations, search, fmt(s["cache_speedup"], ".2f"), fmt(s["pairs_ordered_as_executed"], ".2f")]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -296,6 +314,7 @@ def main() -> None:
         "predicted_vs_real_pearson": float(np.corrcoef(predicted, executed)[0, 1]) if len(pairs) > 2 else None,
         "cost_model_metrics": {k: v["test_mse"] for k, v in models.metrics.items()},
         "hardware": models.hardware,
+        "torchrec": torchrec_version(),
         "batch_size": args.batch_size,
         "seconds": time.perf_counter() - start,
         "command": " ".join(["python", *sys.argv]),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp

@@ -24,4 +24,10 @@ def test_dmt_cluster_runs_without_namespaces(tmp_path):
     assert summary["schemes"]["dmt_cr4"]["compression"] > summary["schemes"]["dmt_cr2"]["compression"] > 1
     assert all(r["cross_host_payload_bytes"] == 0 for r in summary["schemes"].values())  # one host
     assert json.loads((tmp_path / "dmt_cluster.json").read_text()) == summary
+    for name, scheme in summary["schemes"].items():  # each trained by distrec's trainer, in its own run folder
+        run = json.loads((tmp_path / name / "summary.json").read_text())
+        assert run["auc"] == scheme["auc"] and run["steps"] == 6 and run["world_size"] == 2
+        assert 0 < scheme["output_exchange_ms"] <= scheme["embedding_forward_ms"] < scheme["iteration_ms"]
+    assert "lookup: sptt" in (tmp_path / "sptt" / "config.yaml").read_text()
+    assert "tower_module: dlrm" in (tmp_path / "dmt_cr2" / "config.yaml").read_text()
     assert (tmp_path / "dmt_cluster.png").read_bytes()[:4] == b"\x89PNG"

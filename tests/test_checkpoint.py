@@ -16,7 +16,7 @@ from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
         "--set", "train.threads=1", "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad", "--no-progress"]

@@ -143,3 +143,20 @@ def test_user_errors_are_one_line(tables_file, cost_models_dir, tmp_path, capsys
     assert "needs --devices" in user_error(capsys, "--tables", tables_file)
     assert "not found" in user_error(capsys, "--tables", tmp_path / "missing.yaml", *base)
     assert not (tmp_path / "plan.json").exists() and not (tmp_path / "p.json").exists()
+
+
+def test_format_torchrec_writes_the_same_plan_as_torchrec_parameter_shardings(tables_file, tmp_path, capsys):
+    common = ["--tables", tables_file, "--devices", 2, "--memory-per-device", "3MB", "--algorithm", "size-greedy"]
+    assert plan_cli(*common, "-o", tmp_path / "distrec.json") == 0
+    assert plan_cli(*common, "--format", "torchrec", "--torchrec-module", "model.ebc", "-o", tmp_path / "torchrec.json") == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["format"] == "torchrec"
+    document = json.loads((tmp_path / "torchrec.json").read_text())
+    assert document["world_size"] == 2 and set(document["plan"]["model.ebc"]) == {t["name"] for t in TABLES}
+    assert all(p["compute_kernel"] == "fused" for p in document["plan"]["model.ebc"].values())
+    assert ShardingPlan.load(tmp_path / "torchrec.json").to_dict() == ShardingPlan.load(tmp_path / "distrec.json").to_dict()
+
+
+@pytest.mark.parametrize("args", [["--devices", "1"], ["--budget-minutes", "0"]])
+def test_calibrate_refuses_a_single_device_or_no_budget_before_measuring(tmp_path, capsys, args):
+    assert "calibrate needs --devices of at least 2" in user_error(capsys, "calibrate", *args, "--out", tmp_path / "cal")
+    assert not (tmp_path / "cal").exists()

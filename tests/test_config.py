@@ -52,6 +52,13 @@ def test_round_trip_through_yaml(tmp_path):
         (["train.embedding_weight_decay=-0.1"], "train.embedding_weight_decay is -0.1; it must be 0 or more"),
         (["hotline.enabled=true", "train.weight_decay=0.01"], "not supported with --hotline yet; set them to 0"),
         (["lr"], "must look like section.key=value"),
+        # issue 23.6: NaN and infinite floats passed validation (NaN <= 0 is false)
+        (["train.lr=.nan"], "train.lr is nan; it must be a finite number"),
+        (["train.lr=inf"], "train.lr is inf; it must be a finite number"),
+        (["train.embedding_lr=-.inf"], "train.embedding_lr is -inf; it must be a finite number"),
+        (["train.weight_decay=NaN"], "train.weight_decay is nan; it must be a finite number"),
+        (["data.synthetic.zipf_exponents=[1.0, .inf]"], "data.synthetic.zipf_exponents is inf; it must be a finite number"),
+        (["model.tower_compression=.nan"], "model.tower_compression is nan; it must be a finite number"),
     ],
 )
 def test_bad_values_are_one_line_errors(overrides, message):
@@ -69,6 +76,25 @@ def test_unknown_preset_and_missing_file(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(DistrecError, match="not valid YAML"):
         config.load(bad)
+
+
+def test_non_utf8_config_file_is_one_line(tmp_path):
+    # issue 23.6: a latin-1 or binary config file raised UnicodeDecodeError from config.load
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("train:\n  lr: 0.1  # r\xe9glage\n".encode("latin-1"))
+    with pytest.raises(DistrecError, match=r"latin1\.yaml' is not UTF-8 text \(byte 0xe9 at offset 21\); save it as UTF-8"):
+        config.load(bad)
+
+
+@pytest.mark.parametrize("flag", ["nan", "-inf", "Infinity"])
+def test_lr_flag_must_be_finite(tmp_path, flag):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "distrec", "train", "--max-steps", "1", f"--lr={flag}", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and run.stderr.startswith("distrec: error: train.lr is ")
+    assert run.stderr.rstrip().endswith("it must be a finite number") and run.stderr.count("\n") == 1
 
 
 def test_parse_bytes():

@@ -147,3 +147,104 @@ def test_movielens_cache_round_trip(shared_data, tmp_path):
     batch = dataset.batch(np.array([0, 1]))
     assert batch.feature_values(0).tolist() == [196, 186]  # user ids of the first two ratings
     assert batch.feature_values(6).tolist()[:1] == [6]  # Kolya: Comedy
+
+
+def _refusing_writes(err: int, after_bytes: int = 0):
+    """An ``open`` for distrec.data.cache whose files refuse writes beyond ``after_bytes`` in all with errno ``err``."""
+    import builtins
+
+    written = [0]
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            size = memoryview(data).nbytes
+            if written[0] + size > after_bytes:
+                raise OSError(err, os.strerror(err))
+            written[0] += size
+            return self.f.write(data)
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if not any(c in mode for c in "wax+"):
+            return builtins.open(file, mode, *args, **kwargs)
+        if after_bytes == 0:
+            raise OSError(err, os.strerror(err), str(file))
+        return Full(builtins.open(file, mode, *args, **kwargs))
+
+    return fake_open
+
+
+def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, monkeypatch, caplog):
+    # issue 23.5: a read-only --cache-dir failed on the lock file (Errno 30) although the cache was complete
+    import errno
+
+    data = write_criteo(tmp_path / "d.tsv", [criteo_line(), criteo_line(label="x"), criteo_line()])
+    cfg = DataConfig(path=str(data), format="criteo")
+    root = tmp_path / "cache"
+    path = prepare(cfg, root, progress=False)
+    (root / f".{path.name}.lock").unlink()
+    monkeypatch.setattr(cache, "open", _refusing_writes(errno.EROFS), raising=False)
+    with caplog.at_level("WARNING", logger="distrec.data.cache"):
+        assert prepare(cfg, root, progress=False) == path
+    assert Dataset(path, cfg).num_rows == 2
+    # issue 23.6: the skipped rows are reported again when the cache is reused
+    assert "skipped 1 malformed row(s); first at line 2" in caplog.text
+    other = write_criteo(tmp_path / "e.tsv", [criteo_line()])
+    with pytest.raises(DistrecError, match=r"cache directory .*cache is not writable \(Read-only file system\) and holds "
+                                           r"no complete cache of .*e\.tsv; pass a writable --cache-dir"):
+        prepare(DataConfig(path=str(other), format="criteo"), root, progress=False)
+
+
+@pytest.mark.parametrize("chunk_rows", [500, 100_000])
+def test_full_disk_names_the_cache_dir_and_the_space_needed(shared_data, tmp_path, monkeypatch, chunk_rows):
+    # issue 23.5: a full cache disk gave an OSError traceback
+    import errno
+    import re
+
+    cfg = DataConfig(path=str(shared_data / "criteo" / "criteo_kaggle_sample.tsv"), format="criteo", chunk_rows=chunk_rows)
+    full_size = sum(f.stat().st_size for f in prepare(cfg, tmp_path / "roomy", progress=False).iterdir())
+    root = tmp_path / "cache"
+    monkeypatch.setattr(cache, "open", _refusing_writes(errno.ENOSPC, after_bytes=300_000), raising=False)
+    with pytest.raises(DistrecError, match=r"no space left on the disk of .*cache for the cache of .*criteo_kaggle_sample"
+                                           r"\.tsv: it needs about [\d.]+ MB .*pass --cache-dir on a larger disk") as e:
+        prepare(cfg, root, progress=False)
+    needed = float(re.search(r"about ([\d.]+) MB", str(e.value)).group(1)) * 1e6
+    assert needed == pytest.approx(full_size, rel=0.1)
+    assert entries(root) == []
+
+
+def test_temporaries_of_a_killed_prepare_are_removed_by_the_next(tmp_path):
+    # issue 23.5: `.tmp` folders left by kill -9 during a prepare were never cleaned
+    data = write_criteo(tmp_path / "d.tsv", [criteo_line()] * 3)
+    cfg = DataConfig(path=str(data), format="criteo")
+    root = tmp_path / "cache"
+    name = cache.cache_name(cfg)
+    killed = root / f".{name}.k1ll3d.tmp"
+    killed.mkdir(parents=True)
+    (killed / "dense.f32").write_bytes(b"\0" * 100)
+    unrelated = root / ".other-cache.abc.tmp"
+    unrelated.mkdir()
+    path = prepare(cfg, root, progress=False)
+    assert entries(root) == [unrelated.name, path.name]
+
+
+def test_skipped_rows_are_reported_again_when_the_cache_is_reused(tmp_path, caplog):
+    # issue 23.6: the skipped-row count was printed by the prepare that parsed, never on reuse
+    data = write_criteo(tmp_path / "d.tsv", [criteo_line(), criteo_line(label="x")])
+    cfg = DataConfig(path=str(data), format="criteo")
+    prepare(cfg, tmp_path / "cache", progress=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="distrec.data.cache"):
+        prepare(cfg, tmp_path / "cache", progress=False)
+    assert len(caplog.records) == 1 and "skipped 1 malformed row(s); first at line 2" in caplog.records[0].getMessage()

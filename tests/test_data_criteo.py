@@ -113,3 +113,26 @@ def test_writer_round_trip(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(DistrecError, match="not found; check --data"):
         read_criteo(tmp_path / "nope.tsv")
+
+
+def test_dense_counts_beyond_float64_precision_parse_and_overflow_is_malformed(tmp_path):
+    # issue 23.4: 2**53 + 1 made Arrow's int64 -> float64 cast raise ArrowInvalid for the whole file
+    huge = ["9007199254740993", "9223372036854775807", "99999999999999999999"] + ["1"] * 10
+    beyond_float64 = ["9" * 400] + ["1"] * 12
+    source, chunk = read_all(write(tmp_path / "a.tsv", [criteo_line("1", huge), criteo_line("0", beyond_float64)]))
+    assert chunk.num_rows == 1 and source.malformed.count == 1
+    assert source.malformed.first[0][0] == 2 and "I1" in source.malformed.first[0][1]
+    np.testing.assert_allclose(chunk.dense[0, :3], np.log1p([2.0**53, 2.0**63, 1e20]), rtol=1e-6)
+    assert np.isfinite(chunk.dense).all()
+    with pytest.raises(DistrecError, match="line 2: I1 is not an integer"):
+        list(read_criteo(tmp_path / "a.tsv", strict=True).chunks)
+
+
+def test_non_utf8_bytes_in_a_count_make_a_malformed_row(tmp_path):
+    # a latin-1 byte in an integer field raised ArrowInvalid "Invalid UTF8 sequence" from the slow parsing path
+    path = tmp_path / "a.tsv"
+    lines = [criteo_line("1"), criteo_line("0", ["caf\xe9"] + ["1"] * 12), criteo_line("1", ["+7", " 8 "] + ["1"] * 11)]
+    path.write_bytes("".join(line + "\n" for line in lines).encode("latin-1"))
+    source, chunk = read_all(path)
+    assert chunk.num_rows == 2 and source.malformed.first == [(2, "I1 is not an integer")]
+    np.testing.assert_allclose(chunk.dense[1, :2], np.log1p([7.0, 8.0]), rtol=1e-6)

@@ -81,3 +81,15 @@ def test_strict_mode(tmp_path):
     root = tiny_movielens(tmp_path / "ml", ["1\t1\t5\t874627200", "9\t1\t5\t874627200"])
     with pytest.raises(DistrecError, match=r"u\.data: line 2: unknown user id"):
         read_all(root, strict=True)
+
+
+def test_ratings_outside_one_to_five_are_malformed(tmp_path):
+    # issue 23.6: a rating of 9 was accepted (and labelled liked)
+    root = tiny_movielens(tmp_path / "ml", ["1\t1\t9\t874627200", "1\t1\t0\t874627200", "2\t2\t4\t874627200",
+                                            "1\t2\t-1\t874627200", "1\t1\t99999999999999999999\t874627200"])
+    source, chunk = read_all(root)
+    assert chunk.labels.tolist() == [1.0] and source.malformed.count == 4
+    assert [line for line, _ in source.malformed.first] == [1, 2, 4, 5]
+    assert all("rating" in reason for _, reason in source.malformed.first)
+    with pytest.raises(DistrecError, match="line 1: the rating is not one of 1-5"):
+        list(read_movielens(root, strict=True).chunks)

@@ -81,7 +81,7 @@ def test_headerless_csv_with_delimiter_and_binary_label(tmp_path):
 
 def test_strict_mode(tmp_path):
     schema = write(tmp_path / "s.yaml", SCHEMA)
-    with pytest.raises(DistrecError, match=r"d\.csv: line 4: 'price' is not a number"):
+    with pytest.raises(DistrecError, match=r"d\.csv: line 4: 'price' is not a finite number"):
         read_all(write(tmp_path / "d.csv", CSV), schema, "csv", strict=True)
 
 
@@ -138,3 +138,49 @@ def test_missing_schema_and_bad_parquet(tmp_path):
     schema = write(tmp_path / "s.yaml", SCHEMA)
     with pytest.raises(DistrecError, match="as Parquet"):
         read_tabular(data, schema, "parquet")
+
+
+NON_FINITE_CSV = """y,a,c
+1,1e39,x
+0,inf,y
+1,nan,z
+0,-Infinity,w
+1,1e400,v
+0,2.5,u
+1,,t
+"""
+
+
+def test_non_finite_and_float32_overflow_dense_values_are_malformed(tmp_path):
+    # issue 23.4: 1e39 became float32 inf in the cache; text inf/nan became 0 uncounted
+    schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
+    source, chunk = read_all(write(tmp_path / "d.csv", NON_FINITE_CSV), schema, "csv")
+    assert chunk.dense[:, 0].tolist() == [2.5, 0.0]  # only the finite row and the missing one (= 0)
+    assert source.malformed.count == 5
+    assert [line for line, _ in source.malformed.first] == [2, 3, 4, 5, 6]
+    assert "float32" in source.malformed.first[0][1] and "not a finite number" in source.malformed.first[1][1]
+    with pytest.raises(DistrecError, match="line 2: 'a' is beyond float32"):
+        list(read_tabular(tmp_path / "d.csv", schema, "csv", strict=True).chunks)
+
+
+def test_parquet_infinite_and_float32_overflow_are_malformed_nan_is_missing(tmp_path):
+    schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
+    a = [1e39, np.inf, np.nan, 2.5, -np.inf]
+    pq.write_table(pa.table({"y": [1.0, 0.0, 1.0, 0.0, np.inf], "a": pa.array(a, pa.float64()),
+                             "c": list("xyzwv")}), tmp_path / "d.parquet")
+    source, chunk = read_all(tmp_path / "d.parquet", schema, "parquet")
+    assert chunk.dense[:, 0].tolist() == [0.0, 2.5] and chunk.labels.tolist() == [1.0, 0.0]
+    assert source.malformed.count == 3 and [row for row, _ in source.malformed.first] == [1, 2, 5]
+
+
+def test_corrupt_parquet_page_is_one_line(tmp_path):
+    # issue 23.6: a damaged page header raised OSError "Couldn't deserialize thrift" from the batch loop
+    schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
+    table = pa.table({"y": [1, 0] * 4000, "a": np.arange(8000, dtype=np.float64), "c": ["x", "y", "z", "w"] * 2000})
+    pq.write_table(table, tmp_path / "d.parquet", data_page_size=1024)
+    raw = bytearray((tmp_path / "d.parquet").read_bytes())
+    raw[4:20] = b"\xab" * 16  # the first page header
+    (tmp_path / "d.parquet").write_bytes(bytes(raw))
+    source = read_tabular(tmp_path / "d.parquet", schema, "parquet")
+    with pytest.raises(DistrecError, match=r"d\.parquet is corrupt after row 0 \(.*\); re-export the Parquet file"):
+        list(source.chunks)

@@ -41,3 +41,41 @@ def test_header_and_empty_file(tmp_path):
     assert list(CsvStream(empty, ",", False, MalformedRows(empty), 10, column_names=["a"])) == []
     with pytest.raises(DistrecError, match="is empty"):
         read_header(empty, ",")
+
+
+@pytest.mark.parametrize("name", ["f.tsv", "f.tsv.gz"])
+def test_binary_input_is_one_line_naming_the_file(tmp_path, name):
+    # issue 23.6: an executable given as --data printed "Exception ignored ... UnicodeDecodeError"
+    # and an error holding raw binary bytes
+    import gzip
+
+    blob = bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)) + b"\0\x7fELF\t\t\n"
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(blob) if name.endswith(".gz") else blob)
+    stream = CsvStream(path, "\t", False, MalformedRows(path), chunk_rows=10, column_names=["a", "b"], text_columns=["a"])
+    with pytest.raises(DistrecError, match=rf"{name} is a binary file, not delimited text; check --data") as e:
+        list(stream)
+    assert "\n" not in str(e.value) and str(e.value).isprintable()
+    with pytest.raises(DistrecError, match="binary file"):
+        read_header(path, ",")
+
+
+def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path):
+    path = tmp_path / "f.csv"
+    path.write_text("".join(f"{i},{'x' * (i % 7)}\n" for i in range(1000)))
+    stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=100, column_names=["a", "b"], text_columns=["a", "b"])
+    fractions = []
+    for batch, first in stream:
+        fractions.append(stream.fraction_read())
+    assert fractions == sorted(fractions) and len(fractions) == 10
+    assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(0.1, abs=0.02)
+
+
+def test_a_non_utf8_line_with_the_wrong_field_count_is_one_line(tmp_path, capsys):
+    # issue 23.6: Arrow printed "Exception ignored ... UnicodeDecodeError" before the parse error
+    path = tmp_path / "f.tsv"
+    path.write_bytes(b"1\t2\n3\t4\ncaf\xe9\n5\t6\n")
+    stream = CsvStream(path, "\t", False, MalformedRows(path), chunk_rows=10, column_names=["a", "b"], text_columns=["a"])
+    with pytest.raises(DistrecError, match=r"f\.tsv: a line with the wrong number of fields is not UTF-8 text \(.*Row #3"):
+        list(stream)
+    assert capsys.readouterr().err == ""

@@ -18,10 +18,10 @@ from distrec import config
 from distrec.data import Dataset, prepare
 from distrec.hotline.distributed import replicated_hot_embeddings
 from distrec.models.build import build_model
-from distrec.parallel.reshard import held_blocks
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.train.loop import load_trained_model
+from distrec.parallel.reshard import held_blocks
+from distrec.train.evaluate import load_trained_model
 from distrec.train.optim import RowWiseAdagrad
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_on_rank

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
-from test_hotline_hot_set import SPACE, make_batch
 
 from distrec.hotline.access_logger import BYTES_PER_ENTRY, AccessLogger
 from distrec.hotline.measure import batch_ids, default_top_k, plot_popularity, popularity_curve
+from test_hotline_hot_set import SPACE, make_batch
 
 # rows a{1, 2, 3}, b{0, 5} = global 1, 2, 3, 10, 15; counts 2, 3, 1, 3, 1
 BATCH = make_batch([[[1], [1, 2], [3], [], [2, 2]], [[0], [0], [0], [], [5]]])

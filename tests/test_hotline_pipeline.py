@@ -6,7 +6,6 @@ import time
 import numpy as np
 import pytest
 import torch
-from test_hotline_embedding import TABLES, all_rows, tiny_dlrm, zipf_batch
 
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import AccessLogger
@@ -17,6 +16,7 @@ from distrec.hotline.pipeline import WORKER_NAME, HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
 from distrec.train.optim import make_optimizers
 from distrec.train.step import TrainStep
+from test_hotline_embedding import TABLES, all_rows, tiny_dlrm, zipf_batch
 
 
 @pytest.mark.parametrize("optimizer, lr", [("sgd", 0.1), ("adagrad", 0.1), ("adam", 0.01)])

@@ -5,21 +5,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from multiprocess import run_distributed
-from test_hotline_embedding import TABLES, all_rows, zipf_batch
 
 from distrec import config
 from distrec.cli import main
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
-from distrec.hotline.optim import row_state_floats
+from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import stand_in_tables
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 from distrec.train.optim import make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
+from multiprocess import run_distributed
+from test_hotline_embedding import TABLES, all_rows, zipf_batch
 
 NUM_DENSE = 4
 STEPS = 8
@@ -72,6 +72,24 @@ def test_training_through_hotline_equals_ordinary_training(tmp_path, optimizer):
                 torch.testing.assert_close(dense[name], p, rtol=0, atol=1e-6)
         assert hotline.optimizers[-1].param_groups[0]["lr"] == optimizers[-1].param_groups[0]["lr"]
     assert list(tmp_path.iterdir()) == []  # the slow tier's file is gone
+
+
+def test_learning_from_given_batches_selects_their_most_counted_rows_without_training(tmp_path):
+    """``learn``: the benchmarks' shortened learning phase; ``readahead=false``: gathers fault page by page."""
+    cfg = run_config("sgd", hot_budget=10 * hot_row_bytes(8, row_state_floats("sgd", 8)), relearn_every=0, readahead="false")
+    learn = batches(4, 6)
+    with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path) as hotline:
+        assert hotline.embeddings.store.readahead is None
+        rows = all_rows(hotline.embeddings)
+        assert hotline.learn(learn) == 10
+        ids = np.concatenate([hotline.embeddings.space.batch_ids(b).numpy() for b in learn])
+        unique, counts = np.unique(ids, return_counts=True)
+        top = unique[np.lexsort((unique, -counts))][:10]
+        assert np.array_equal(hotline.embeddings.hot_ids.numpy(), np.sort(top))
+        assert torch.equal(all_rows(hotline.embeddings), rows)  # no training on them
+        hotline.step(learn[0])
+        stats = hotline.stats()
+        assert stats["relearns"] == 1 and stats["popular_fraction"] > 0 and stats["sampled_batches"] == 1
 
 
 def test_a_checkpoint_round_trip_continues_exactly(tmp_path):

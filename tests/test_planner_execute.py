@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distrec.planner.api import plan_tables
 from distrec.planner import execute
+from distrec.planner.api import plan_tables
 from distrec.planner.execute import COST_PARTS, compute_in_rounds, execute_plans, task_groups
 from distrec.planner.types import TableSpec
 

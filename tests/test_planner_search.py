@@ -112,7 +112,7 @@ def test_the_grid_only_adds_to_the_unbounded_placement(task, models):
     assert full.max_cost <= no_grid.max_cost
 
 
-@pytest.mark.parametrize("variant", ["no-beam", "no-grid"])
+@pytest.mark.parametrize("variant", ["no-split", "no-beam", "no-grid"])
 def test_ablations_give_valid_placements(task, models, variant):
     ablated = NeuroShardSearch(task.tables, 4, task.memory_per_device, models.predictor(4), options=SearchOptions.ablation(variant)).run()
     used = [0] * 4
@@ -121,6 +121,8 @@ def test_ablations_give_valid_placements(task, models, variant):
         used[rank] += task.tables[chunk.table].num_rows * chunk.dim * 4
     assert max(used) <= task.memory_per_device
     assert sorted({c.table for c in ablated.chunks}) == list(range(len(task.tables)))
+    if variant == "no-split":  # a table is split only if it does not fit one device whole
+        assert all(c.dim == task.tables[c.table].dim for c in ablated.chunks if task.tables[c.table].num_bytes <= task.memory_per_device)
 
 
 def test_every_algorithm_returns_a_valid_plan(models):

@@ -26,26 +26,15 @@ from distrec.cli import main
 from distrec.data import Dataset, prepare
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.train.loop import Trainer, load_trained_model, train
+from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
-from tiny_runs import TINY_DATA, tiny_config, train_losses, train_on_rank
+from tiny_runs import TINY_DATA, assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
 STEPS = 9  # 16 steps make an epoch of 1080 training rows, so two runs of STEPS cross into the next
 
 
 def _cfg(cache: Path, steps: int = STEPS, **parallel: str):
     return tiny_config(cache, steps, **parallel)
-
-
-def _parameters(run: Path) -> dict[str, torch.Tensor]:
-    model, *_ = load_trained_model(run, torch.device("cpu"))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _assert_same_parameters(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +77,7 @@ def test_sharded_training_equals_single_process(cache, reference_half, tmp_path,
         cfg = _cfg(cache, sharding=sharding)
     run_distributed(train_on_rank, world_size, cfg, tmp_path / "run")
     assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
-    _assert_same_parameters(_parameters(tmp_path / "run"), _parameters(reference_half))
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == world_size and summary["embeddings"] == "sharded"
     assert len(summary["peak_rss_bytes_per_rank"]) == world_size and min(summary["peak_rss_bytes_per_rank"]) > 2**20
@@ -103,7 +92,7 @@ def test_resume_and_reshard_continue_the_same_trajectory(cache, reference, tmp_p
     resumed = _cfg(cache, steps=2 * STEPS, sharding="row_wise")
     run_distributed(train_on_rank, 4, resumed, out, True)
     assert train_losses(out) == pytest.approx(train_losses(reference), abs=1e-5)
-    _assert_same_parameters(_parameters(out), _parameters(reference))
+    assert_same_parameters(trained_parameters(out), trained_parameters(reference))
     meta = json.loads((out / "checkpoint" / "meta.json").read_text())
     assert meta["world_size"] == 4 and meta["step"] == 2 * STEPS
 
@@ -112,7 +101,7 @@ def test_single_process_checkpoint_reshards_onto_two_ranks(cache, reference, tmp
     out = tmp_path / "run"
     train(_cfg(cache, steps=STEPS), out, progress=False)
     run_distributed(train_on_rank, 2, _cfg(cache, steps=2 * STEPS, sharding="row_wise"), out, True)
-    _assert_same_parameters(_parameters(out), _parameters(reference))
+    assert_same_parameters(trained_parameters(out), trained_parameters(reference))
 
 
 def _local_rank_state(rank: int, world_size: int, cfg, out: Path) -> dict:
@@ -204,4 +193,4 @@ def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cach
     assert "failed (exitcode: -9)" in stderr  # the launcher saw the kill and restarted the group
     assert json.loads(stdout.strip().splitlines()[-1])["steps"] == steps
     assert train_losses(out) == pytest.approx(train_losses(reference), abs=1e-6)
-    _assert_same_parameters(_parameters(out), _parameters(reference))
+    assert_same_parameters(trained_parameters(out), trained_parameters(reference))

@@ -12,9 +12,11 @@ import torch.distributed as dist
 
 from distrec import config
 from distrec.errors import DistrecError
-from distrec.towers.model import DmtDLRM
+from distrec.models.dmt import DmtDLRM
 from distrec.towers.partition import TowerPartition
-from distrec.train.loop import Trainer, check_run, evaluate_checkpoint, load_trained_model, resume_config, train
+from distrec.train.evaluate import evaluate_checkpoint, load_trained_model
+from distrec.train.loop import Trainer, train
+from distrec.train.run import check_run, resume_config
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_losses, train_on_rank
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distrec.cli import main
-from distrec.train.loop import load_trained_model
+from distrec.train.evaluate import load_trained_model
 
 # 600 synthetic rows (540 train = 9 batches of 64 per epoch), small tables, one thread
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
@@ -74,3 +74,50 @@ def test_training_beats_chance_on_the_planted_click_model(tmp_path, capsys):
     capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["auc"] > 0.6
+
+
+def test_resume_with_nothing_left_to_do_says_so_and_writes_nothing(tmp_path, capsys, caplog):
+    train(*TINY, "--max-steps", 5, "--out", tmp_path / "run")
+    before = {name: (tmp_path / "run" / name).read_text() for name in ("metrics.jsonl", "summary.json")}
+    train("--resume", tmp_path / "run", "--max-steps", 5, "--no-progress")
+    assert "nothing to do" in caplog.text
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(before["summary.json"])
+    assert {name: (tmp_path / "run" / name).read_text() for name in before} == before
+
+
+def test_a_diverging_run_stops_at_the_step_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    code = main(["train", *TINY, "--lr", "1e4", "--max-steps", "50", "--set", "train.checkpoint_every=1", "--out", str(tmp_path / "run")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1 and "training diverged, lower the learning rate" in error[0]
+    failed_at = int(error[0].split(" at step ")[1].split(";")[0])
+    meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
+    assert meta["step"] == failed_at - 1 and f"the last checkpoint (step {failed_at - 1}) is kept" in error[0]
+    model, *_ = load_trained_model(tmp_path / "run", torch.device("cpu"))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_evaluate_without_data_scores_the_runs_own_holdout(tmp_path, capsys):
+    from distrec.train.evaluate import evaluate_checkpoint
+
+    train(*TINY, "--max-steps", 6, "--out", tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    result = evaluate_checkpoint(tmp_path / "run", None, None, progress=False)
+    assert result["scored"] == "the run's val split" and result["rows"] == summary["val_rows"] < 600
+    assert result["auc"] == pytest.approx(summary["auc"], abs=1e-6)
+
+
+def test_a_hotline_run_that_ends_before_its_first_hot_set_says_so(tmp_path, capsys, caplog):
+    train(*TINY, "--hotline", "--hot-budget", "64KB", "--relearn-every", "100", "--max-steps", 5, "--out", tmp_path / "run")
+    assert "Hotline never engaged" in caplog.text and "lower --relearn-every, raise --sample-rate" in caplog.text
+    caplog.clear()
+    train(*TINY, "--hotline", "--hot-budget", "64KB", "--relearn-every", "2", "--sample-rate", "1", "--max-steps", 5, "--out", tmp_path / "engaged")
+    assert "Hotline never engaged" not in caplog.text
+
+
+def test_one_process_says_which_multi_process_settings_it_ignores_and_a_resume_says_where_it_starts(tmp_path, capsys, caplog):
+    train(*TINY, "--sharding", "column_wise", "--max-steps", 3, "--out", tmp_path / "run")
+    assert "ignored in one process: --sharding (multi-process settings)" in caplog.text
+    capsys.readouterr()
+    train("--resume", tmp_path / "run", "--max-steps", 5, "--no-progress")
+    err = capsys.readouterr().err
+    assert f"resuming from step 3 of {tmp_path / 'run' / 'checkpoint'}\n" in err

@@ -11,7 +11,8 @@ import torch
 from distrec import config
 from distrec.errors import DistrecError
 from distrec.towers.partition import TowerPartition
-from distrec.train.loop import load_trained_model, train
+from distrec.train.evaluate import load_trained_model
+from distrec.train.loop import train
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_losses, train_on_rank
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from distrec import config
+from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import train
 
 # --set items of a tiny synthetic data set: 1080 training rows in batches of 70, so the last
@@ -43,3 +46,16 @@ def train_losses(run: Path) -> list[float]:
 def train_on_rank(rank: int, world_size: int, cfg: config.RunConfig, out: Path, resume: bool = False) -> None:
     """``train`` as one rank of a ``run_distributed`` group."""
     train(cfg, out, resume=resume, progress=False)
+
+
+def trained_parameters(run: Path) -> dict[str, torch.Tensor]:
+    """Every parameter of the model a run saved, gathered into one process."""
+    model, *_ = load_trained_model(run, torch.device("cpu"))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_parameters(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """The same parameter names, every value within ``atol``."""
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")

@@ -12,8 +12,9 @@ with 44,000 page faults per step against 57 ms and 1,000 faults with freed memor
 (``benchmarks/allocator.py``). A cost model trained on such times learns the allocator's
 moods. ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
 and freed ones stay there, as LD_PRELOADing jemalloc or tcmalloc would, without another
-library. distrec's own training step keeps its buffers and gained nothing from it (0.95x,
-same benchmark), so only the planner's measuring processes call it.
+library. The planner's measuring processes call it, and so does every training step on a
+CPU model (``distrec.train.step.TrainStep``), whose activations, gradients and optimizer
+scratch are temporaries of the same kind.
 
 The price is resident memory: freed heap (up to ``RETAINED_BYTES``) is kept rather than
 returned, and during the first steps the heap grows past the working set, since a freed

@@ -8,6 +8,8 @@ output folder so every result can be reproduced.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -59,7 +61,7 @@ class ModelConfig:
     top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
     ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
 
-    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.towers.model``):
+    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.models.dmt``):
     one tower module per tower of ``parallel.towers`` maps the tower's pooled embeddings to
     vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
     ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
@@ -124,6 +126,12 @@ class ParallelConfig:
     the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
     default the strided one). ``hosts`` x ``ranks_per_host``
     describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
+
+    ``replica_groups`` G > 1: 2D sparse parallelism (``distrec.parallel.two_d``): G groups of
+    N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
+    ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
+    rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
+    row-wise optimizer state) every ``sync_every`` steps.
     """
 
     embeddings: str = "sharded"
@@ -135,6 +143,9 @@ class ParallelConfig:
     ranks_per_host: int | None = None
     towers: str | None = None
     tower_sharding: str = "table_wise"
+    replica_groups: int = 1
+    replica_sync: str = "exact"
+    sync_every: int = 10
 
 
 @dataclass
@@ -150,6 +161,9 @@ class HotlineConfig:
     disk tier's file goes (default: the run's output directory). ``place_threads``: with a
     disk tier, run the step on CPUs that do not handle the disk's interrupts and the
     prefetch worker on those that do, when enough CPUs remain (``hotline/placement.py``).
+    ``readahead``: a disk tier's gathers first start the reads of every page their rows
+    touch, together (``hotline/readahead.py``); false: each page is read when the gather
+    faults on it, as with a plain memory-mapped table (to measure what the readahead gains).
     """
 
     enabled: bool = False
@@ -160,6 +174,7 @@ class HotlineConfig:
     slow_tier: str = "auto"
     slow_tier_dir: str | None = None
     place_threads: bool = True
+    readahead: bool = True
 
 
 @dataclass
@@ -198,8 +213,69 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.lookup": ("flat", "sptt"),
     "parallel.tower_sharding": ("table_wise", "column_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
+    "parallel.replica_sync": ("exact", "periodic"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
+
+
+ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
+"""Embedding optimizers whose state is per row, so a row can move between a shard and the
+replicated hot table with it (lazy Adam's step count is per table)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination of settings no parallel mode trains: ``refuses(cfg, world_size)`` (the
+    world size is None while it is not known yet) -> the one-line ``message``."""
+
+    refuses: Callable[[RunConfig, int | None], bool]
+    message: str
+
+
+def _embedding_optimizer(cfg: RunConfig) -> str:
+    return cfg.train.embedding_optimizer or cfg.train.optimizer
+
+
+COMBINATION_RULES: list[Rule] = [
+    Rule(
+        lambda c, w: c.parallel.lookup == "sptt" and (c.parallel.embeddings != "sharded" or bool(c.parallel.plan) or bool(c.parallel.sharding)),
+        "parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding",
+    ),
+    Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
+    Rule(
+        lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.lookup == "sptt" or c.parallel.embeddings != "sharded" or c.hotline.enabled),
+        "--replica-groups (2D sparse parallelism) needs sharded embeddings and the flat all-to-all, without --hotline; drop the others",
+    ),
+    Rule(
+        lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,
+        "--replica-groups must divide the number of processes (each group has as many ranks); change it or --nproc-per-node",
+    ),
+    Rule(
+        lambda c, w: w is not None and w > 1 and c.model.tower_module is not None and c.parallel.lookup != "sptt",
+        "--tower-module in a multi-process run needs --lookup sptt (tower t on host t); add it",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and bool(c.train.weight_decay or c.train.embedding_weight_decay),
+        "train.weight_decay and train.embedding_weight_decay are not supported with --hotline yet; set them to 0",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and w is not None and w > 1 and (c.parallel.embeddings != "sharded" or c.parallel.lookup == "sptt"),
+        "distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local",
+    ),
+    Rule(
+        lambda c, w: c.hotline.enabled and w is not None and w > 1 and _embedding_optimizer(c) not in ROW_STATE_OPTIMIZERS,
+        f"distributed Hotline trains embeddings with {' or '.join(ROW_STATE_OPTIMIZERS)}; set train.embedding_optimizer to one of them",
+    ),
+]
+"""Every combination of settings that no mode trains, with what to change: the one place
+that says which techniques combine (``distrec.modes.select_mode`` adds the world size)."""
+
+
+def check_combination(cfg: RunConfig, world_size: int | None = None) -> None:
+    """Raise DistrecError naming the first of ``COMBINATION_RULES`` that refuses ``cfg``."""
+    for rule in COMBINATION_RULES:
+        if rule.refuses(cfg, world_size):
+            raise DistrecError(rule.message)
 
 
 def apply_preset(model: ModelConfig, name: str) -> None:
@@ -299,7 +375,10 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, pre
         if not p.is_file():
             raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
         try:
-            d = yaml.safe_load(p.read_text()) or {}
+            d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                               "save it as UTF-8 YAML") from None
         except yaml.YAMLError as e:
             raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
         if not isinstance(d, dict):
@@ -333,8 +412,26 @@ def set_value(d: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    """The first float field (or list item) of a config section that is NaN or infinite, as (key, value)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            found = _non_finite(value, key + ".")
+            if found:
+                return found
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                return key, item
+    return None
+
+
 def validate(cfg: RunConfig) -> None:
     """Check value ranges and choices; raise DistrecError naming the first bad field."""
+    non_finite = _non_finite(cfg)
+    if non_finite is not None:
+        key, value = non_finite
+        raise DistrecError(f"{key} is {value}; it must be a finite number")
     for key, choices in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -351,6 +448,8 @@ def validate(cfg: RunConfig) -> None:
         "data.synthetic.rows": dc.synthetic.rows,
         "data.synthetic.table_rows": dc.synthetic.table_rows,
         "data.synthetic.pooling_factor": dc.synthetic.pooling_factor,
+        "parallel.replica_groups": cfg.parallel.replica_groups,
+        "parallel.sync_every": cfg.parallel.sync_every,
     }
     for key, value in positive.items():
         if value < 1:
@@ -369,8 +468,6 @@ def validate(cfg: RunConfig) -> None:
         if rows < 2:
             raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
     h = cfg.hotline
-    if h.enabled and (t.weight_decay or t.embedding_weight_decay):
-        raise DistrecError("train.weight_decay and train.embedding_weight_decay are not supported with --hotline yet; set them to 0")
     parse_bytes(h.hot_budget, "hotline.hot_budget")
     if h.logger_size is not None:
         parse_bytes(h.logger_size, "hotline.logger_size")
@@ -380,17 +477,14 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
-    if cfg.parallel.lookup == "sptt" and (cfg.parallel.embeddings != "sharded" or cfg.parallel.plan or cfg.parallel.sharding):
-        raise DistrecError("parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding")
     if m.tower_module is not None:
         if m.arch != "dlrm" or m.interaction != "dot":
             raise DistrecError("model.tower_module needs model.arch dlrm with the dot interaction (DMT-DLRM); use a DLRM preset")
-        if cfg.hotline.enabled:
-            raise DistrecError("--tower-module and --hotline cannot be combined; drop one of them")
         if cfg.parallel.towers is None and cfg.parallel.hosts is None:
             raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
         if m.tower_compression <= 0 or (m.tower_dim is not None and m.tower_dim < 1):
             raise DistrecError("model.tower_compression must be positive and model.tower_dim at least 1; e.g. --compression 4")
+    check_combination(cfg)
     if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
         raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:

@@ -1,7 +1,15 @@
-"""Atomic file writes: write to a temporary name beside the target, then rename."""
+"""Atomic file writes: write to a temporary name beside the target, then rename.
+
+Temporary names are ``.NAME.<random>.tmp`` (and ``.NAME.writing`` for a directory several
+processes fill, see :func:`staging_directory`) beside the target ``NAME``. A writer killed
+with SIGKILL leaves one behind; :func:`remove_leftovers` clears them, and
+:func:`atomic_directory` does so before it starts, so the next write of the same target
+cleans up after the killed one.
+"""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -71,15 +79,49 @@ def atomic_write_json(path: str | Path, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def staging_directory(path: str | Path) -> Path:
+    """The fixed temporary name ``.NAME.writing`` beside ``path`` for a directory that
+    several processes fill before one of them publishes it (:func:`publish_directory`)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.writing")
+
+
+def leftovers(path: str | Path) -> list[Path]:
+    """Temporary files and directories of writes of ``path`` that never finished (sorted)."""
+    path = Path(path)
+    pattern = str(path.with_name(f".{glob.escape(path.name)}.*.tmp"))
+    found = [Path(p) for p in glob.glob(pattern)]
+    staging = staging_directory(path)
+    return sorted(found + ([staging] if staging.exists() else []))
+
+
+def remove_leftovers(path: str | Path) -> list[Path]:
+    """Remove what :func:`leftovers` finds and return it.
+
+    Call it only when no other process is writing ``path`` (under the writer's lock, or
+    in the run's single writer before it starts): a live writer's temporary looks the same.
+    """
+    removed = leftovers(path)
+    for p in removed:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return removed
+
+
 @contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it to ``path`` when the block ends.
 
     An existing ``path`` is replaced only after the new one is complete; if the block
-    raises, the temporary directory is removed and ``path`` is left as it was.
+    raises, the temporary directory is removed and ``path`` is left as it was. Temporaries
+    of earlier writes of ``path`` that were killed are removed first, so only one writer
+    of ``path`` may run at a time (the caller locks, or owns the run directory).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(path)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp

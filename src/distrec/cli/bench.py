@@ -105,7 +105,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.hotline.access_logger import AccessLogger, logger_bytes_for, measure_recall
     from distrec.hotline.hot_set import hot_row_bytes
     from distrec.hotline.measure import batch_ids, default_top_k, plot_popularity, plot_recall, popularity_curve
-    from distrec.hotline.optim import row_state_floats
+    from distrec.hotline.row_state import row_state_floats
     from distrec.hotline.rows import RowSpace
     from distrec.io import atomic_write_json
     from distrec.units import parse_bytes

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.train.loop import evaluate_checkpoint
+    from distrec.train.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(
         Path(args.checkpoint),

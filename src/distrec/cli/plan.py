@@ -14,6 +14,7 @@ from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args
 
 EXAMPLES = """
 examples:
+  distrec plan calibrate --budget-minutes 15          # measure + train in one go, for 4 and 8 devices
   distrec plan collect --devices 4 8                  # micro-benchmarks (resumable), ~7 min on 2 CPU cores
   distrec plan train-cost-models                      # prints each model's test MSE
   distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB -o plan.json
@@ -21,6 +22,8 @@ examples:
       --pin C3=0 --no-split C12 -o plan.json
   distrec plan --tables tables.yaml --devices 4 --memory-per-device 64MB --algorithm size-lookup-greedy -o plan.json
   distrec train --data day_0.gz --data-format criteo --plan plan.json ...   # train with the plan
+  distrec plan --tables tables.yaml --devices 4 --memory-per-device 4GB --format torchrec -o plan.json
+      # TorchRec's ParameterSharding per table, for DistributedModelParallel (docs/neuroshard-vs-torchrec.md)
 
 A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram (optional:
 17 reuse-factor fractions)}. Cost data and models live in $DISTREC_CACHE/planner (default
@@ -29,6 +32,7 @@ A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from distrec.parallel.torchrec_format import DEFAULT_MODULE
     from distrec.planner.api import ALGORITHMS
 
     p = sub.add_parser("plan", help="plan how tables are sharded over devices", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
@@ -37,11 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(tables)
     add_config_args(tables)
     tables.add_argument("--dim", type=int, metavar="N", help="with --data: embedding dimension (default model.embedding_dim)")
-    tables.add_argument("--batch-size", type=int, metavar="B", help="with --data: samples per training batch (default train.batch_size)")
+    tables.add_argument("--batch-size", type=int, metavar="B", help="samples per training batch: with --data for the table statistics (default train.batch_size); with --algorithm torchrec for its estimates (default the cost models')")
     tables.add_argument("--sample-rows", type=int, default=262_144, metavar="N", help="with --data: rows read to measure the tables")
     p.add_argument("--devices", type=int, metavar="D", help="number of devices (ranks)")
     p.add_argument("--memory-per-device", metavar="SIZE", help="table memory per device, e.g. 4GB or 512MiB")
     p.add_argument("-o", "--output", metavar="FILE", help="where to write the plan (JSON)")
+    p.add_argument("--format", choices=("distrec", "torchrec"), default="distrec", help="plan file format: distrec's, or TorchRec's ParameterSharding per table as JSON")
+    p.add_argument("--torchrec-module", default=DEFAULT_MODULE, metavar="FQN", help=f"with --format torchrec: the EmbeddingBagCollection's path in the model (default {DEFAULT_MODULE})")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="neuroshard", help="planner (default neuroshard)")
     p.add_argument("--cost-models", metavar="DIR", help="folder (or .pt file) of trained cost models (default ~/.cache/distrec/planner)")
     p.add_argument("--pin", action="append", default=[], metavar="TABLE=RANK", help="put a table whole on a rank (repeatable)")
@@ -54,19 +60,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     collect.add_argument("--devices", type=int, nargs="+", required=True, metavar="D", help="world sizes of the all-to-all benchmarks, e.g. 4 8")
     collect.add_argument("--compute-samples", type=int, default=800, metavar="N", help="lookup samples in total (default 800)")
     collect.add_argument("--comm-samples", type=int, default=250, metavar="N", help="all-to-all samples per world size (default 250)")
-    collect.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
-    collect.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
-    collect.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
-    collect.add_argument("--seed", type=int, default=0)
-    collect.add_argument("--out", metavar="DIR", help="folder of costs.jsonl (default ~/.cache/distrec/planner)")
-    collect.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_measurement_args(collect, "folder of costs.jsonl")
     collect.set_defaults(handler=run_collect)
+    cal = actions.add_parser(
+        "calibrate", help="measure micro-benchmarks within a time budget and train the cost models", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT
+    )
+    cal.add_argument("--budget-minutes", type=float, default=15.0, metavar="M", help="time for measuring and training (default 15)")
+    cal.add_argument("--devices", type=int, nargs="+", default=[4, 8], metavar="D", help="world sizes to plan for (default 4 8)")
+    _add_measurement_args(cal, "folder of costs.jsonl and cost_models.pt")
+    cal.set_defaults(handler=run_calibrate)
     train = actions.add_parser("train-cost-models", help="train the cost models on collected data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     train.add_argument("--cost-data", nargs="+", metavar="FILE", help="collected JSONL files (default DIR/costs.jsonl)")
     train.add_argument("--out", metavar="DIR", help="folder of cost_models.pt (default ~/.cache/distrec/planner)")
     train.add_argument("--epochs", type=int, default=1000, help="most epochs per model (early stopping ends sooner)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--compute-head", choices=("monotone", "mlp"), default="monotone",
+                       help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)")
     train.set_defaults(handler=run_train)
+
+
+def _add_measurement_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    """The micro-benchmark options collect and calibrate share."""
+    p.add_argument("--batch-size", type=int, default=4096, metavar="B", help="samples per batch (default 4096)")
+    p.add_argument("--max-dim", type=int, default=128, metavar="N", help="largest table dimension sampled (default 128)")
+    p.add_argument("--device", metavar="TYPE", help="cpu or cuda (default: the accelerator if any)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="DIR", help=f"{out_help} (default ~/.cache/distrec/planner)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -85,11 +105,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     constraints = parse_constraints(args.pin, args.no_split)
     needs_models = args.algorithm == "neuroshard" or args.cost_models is not None
     models = load_cost_models(args.cost_models) if needs_models else None
-    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed)
-    plan.save(args.output)
+    plan, report = plan_tables(tables, args.devices, memory, models, args.algorithm, constraints, seed=args.seed, batch_size=args.batch_size)
+    if args.format == "torchrec":
+        from distrec.io import atomic_write_json
+        from distrec.parallel.torchrec_format import torchrec_dict_from_plan
+        from distrec.planner.workload import default_device
+
+        atomic_write_json(args.output, torchrec_dict_from_plan(plan.to_dict(), args.torchrec_module, default_device().type))
+    else:
+        plan.save(args.output)
     print(format_report(report))
     keys = ("algorithm", "devices", "predicted_max_ms", "search_time_s", "cache_hit_rate")
-    print(json.dumps({"plan": args.output, **{k: report[k] for k in keys if k in report}}))
+    print(json.dumps({"plan": args.output, "format": args.format, **{k: report[k] for k in keys if k in report}}))
     return 0
 
 
@@ -134,6 +161,30 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     data = args.cost_data or [planner_dir(args.out) / COST_DATA_FILE]
     out = cost_models_path(args.out)
-    models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs)
+    models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs, compute_head=args.compute_head)
     print(json.dumps({"cost_models": str(out), "hardware": models.hardware, "test_mse": {k: m["test_mse"] for k, m in models.metrics.items()}}))
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    import time
+
+    from distrec.errors import DistrecError
+    from distrec.planner.calibrate import calibrate, describe_errors
+    from distrec.planner.store import COST_MODELS_FILE, planner_dir
+
+    if min(args.devices) < 2 or args.budget_minutes <= 0:
+        raise DistrecError("calibrate needs --devices of at least 2 and a positive --budget-minutes")
+    start = time.perf_counter()
+    out = planner_dir(args.out)
+    models, counts = calibrate(out, sorted(set(args.devices)), args.budget_minutes, args.batch_size, args.max_dim, args.seed, args.device,
+                               progress=not args.no_progress, log=lambda line: print(line, flush=True))
+    summary = {
+        "cost_models": str(out / COST_MODELS_FILE),
+        "compute_samples": counts.compute,
+        "comm_samples": {str(d): n for d, n in counts.comm.items()},
+        "held_out": describe_errors(models),
+        "minutes": (time.perf_counter() - start) / 60,
+    }
+    print(json.dumps(summary))
     return 0

@@ -22,6 +22,7 @@ examples:
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \
       --tower-module dlrm --compression 4 --out runs/dmt   # DMT-DLRM; summary.json gets "dmt"
+  distrec train --nproc-per-node 4 --replica-groups 2 --sharding column_wise --out runs/2d   # 2 groups x 2 ranks
 """
 
 
@@ -52,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
     dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
     dist_args.add_argument("--tower-sharding", choices=["table_wise", "column_wise"], help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column")
+    two_d = train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)")
+    two_d.add_argument("--replica-groups", type=int, metavar="G", help="G groups of N/G consecutive ranks, each with every table sharded by a plan for N/G ranks (default 1: plain sharding)")
+    two_d.add_argument("--replica-sync", choices=["exact", "periodic"], help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps")
+    two_d.add_argument("--sync-every", type=int, metavar="K", help="with --replica-sync periodic: steps between replica averages (default 10)")
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
     dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")
@@ -103,7 +108,9 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.train.loop import check_run, resume_config, train
+    from distrec.data.fingerprint import check_run_data, resolve_paths
+    from distrec.train.loop import train
+    from distrec.train.run import check_run, resume_config
 
     if args.resume:
         given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
@@ -111,13 +118,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--out")
             raise DistrecError(
                 f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every "
-                "and, to reshard, --nproc-per-node, --plan, --sharding and --memory-per-rank"
+                "and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
             )
-        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank") if getattr(args, k) is not None}
+        parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
         out = Path(args.resume)
+        check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
         cfg = config_from_args(args)
+        resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         if args.nproc_per_node < 1:

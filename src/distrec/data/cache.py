@@ -18,30 +18,32 @@ time, format, schema text, synthetic parameters), so a changed input gets a new 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from distrec.config import DataConfig
 from distrec.data.criteo import read_criteo
+from distrec.data.fingerprint import input_files
 from distrec.data.movielens import read_movielens
-from distrec.data.source import MalformedRows, Source, existing_path
+from distrec.data.source import Chunk, MalformedRows, Source, existing_path
 from distrec.data.synthetic import read_synthetic
 from distrec.data.tabular import read_tabular
 from distrec.errors import DistrecError
 from distrec.io import atomic_directory, atomic_write_json
 
 # Bump when the layout or any parser's output changes: old caches are then not reused.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.f32"
 LABELS_FILE = "labels.f32"
@@ -93,12 +95,7 @@ def _identity(cfg: DataConfig) -> tuple[str, dict]:
         if cfg.schema is None:
             raise DistrecError(f"--data-format {cfg.format} needs --schema FILE naming the label, dense and categorical columns")
         identity["schema"] = existing_path(cfg.schema, what="schema").read_text(errors="replace")
-    if cfg.format == "movielens":
-        root = existing_path(cfg.path, kind="directory")
-        files = [existing_path(root / name) for name in ("u.data", "u.user", "u.item")]
-    else:
-        files = [existing_path(cfg.path)]
-    identity["files"] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    identity["files"] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in input_files(cfg)]
     return Path(cfg.path).name, identity
 
 
@@ -113,24 +110,26 @@ def cache_name(cfg: DataConfig) -> str:
 def prepare(cfg: DataConfig, cache_root: str | Path | None = None, progress: bool = True) -> Path:
     """Parse ``cfg``'s input into a cache directory (or reuse a complete one) and return it.
 
+    A complete cache is read without locking or writing anything, so a read-only cache
+    directory works once it holds the cache. Building one takes an exclusive lock and
+    first removes temporaries left by a prepare that was killed.
+
     Args:
         cfg: the data section (format, path, schema, strict, chunk_rows, synthetic).
         cache_root: where caches live (default :func:`default_cache_root`).
         progress: show a rows/s progress bar (only on a terminal).
 
     Raises:
-        DistrecError: missing input or schema, a malformed row with ``cfg.strict``, or no
-            valid rows at all.
+        DistrecError: missing input or schema, a malformed row with ``cfg.strict``, no
+            valid rows at all, a cache directory that cannot be written, or a full disk.
     """
     root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root(cfg)
     target = root / cache_name(cfg)
-    with _locked(root / f".{target.name}.lock"):
-        if (target / MANIFEST).is_file():
-            manifest = read_manifest(target)
-            if manifest.get("format_version") == CACHE_FORMAT_VERSION:
-                # strict mode over a cache made in lenient mode fails as parsing would have
-                MalformedRows.from_manifest(manifest, cfg.strict).raise_if_strict()
-                return target
+    if _reuse(target, cfg.strict):
+        return target
+    with _locked(root / f".{target.name}.lock", cfg):
+        if _reuse(target, cfg.strict):  # another process prepared it while we waited
+            return target
         source = open_source(cfg)
         with atomic_directory(target) as tmp:
             write_cache(source, tmp, progress)
@@ -139,11 +138,39 @@ def prepare(cfg: DataConfig, cache_root: str | Path | None = None, progress: boo
     return target
 
 
+def _reuse(target: Path, strict: bool) -> bool:
+    """Whether ``target`` is a complete cache of this format (its skipped rows reported again).
+
+    A directory under its final name is always whole (it is renamed into place when
+    complete), so no lock is needed to read it.
+    """
+    if not (target / MANIFEST).is_file():
+        return False
+    manifest = read_manifest(target)
+    if manifest.get("format_version") != CACHE_FORMAT_VERSION:
+        return False
+    malformed = MalformedRows.from_manifest(manifest, strict)
+    # strict mode over a cache made in lenient mode fails as parsing would have
+    malformed.raise_if_strict()
+    if malformed.count:
+        log.warning(f"{malformed.summary()} (when the cache {target.name} was prepared)")
+    return True
+
+
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, cfg: DataConfig) -> Iterator[None]:
     """An exclusive advisory lock, so concurrent processes prepare a cache only once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w")
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        raise DistrecError(
+            f"cache directory {path.parent} is not writable ({e.strerror}) and holds no complete cache of "
+            f"{cfg.path or cfg.format}; pass a writable --cache-dir (or set DISTREC_CACHE)"
+        ) from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -154,8 +181,46 @@ def _locked(path: Path) -> Iterator[None]:
 def write_cache(source: Source, directory: Path, progress: bool = True) -> dict:
     """Stream ``source`` into the cache files under ``directory``; write and return the manifest.
 
-    Raises DistrecError if the source has no valid row.
+    Raises DistrecError if the source has no valid row, or when the disk fills up (naming
+    the directory and an estimate of the space the whole cache needs).
     """
+    written = _Written()
+    try:
+        return _write_cache(source, directory, progress, written)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        name = source.description.get("path") or source.description["format"]
+        raise DistrecError(
+            f"no space left on the disk of {directory.parent} for the cache of {name}: it needs "
+            f"{written.estimate(source)} (the partial cache is removed); free space or pass --cache-dir on a larger disk"
+        ) from None
+
+
+@dataclasses.dataclass
+class _Written:
+    """Rows handed to the cache files so far (including the chunk being written) and their bytes."""
+
+    rows: int = 0
+    bytes: int = 0
+
+    def add(self, chunk: Chunk, multi_hot: int) -> None:
+        self.rows += chunk.num_rows
+        self.bytes += 4 * chunk.dense.size + 4 * chunk.num_rows + 8 * sum(len(values) for values, _ in chunk.sparse)
+        self.bytes += 8 * multi_hot * chunk.num_rows
+
+    def estimate(self, source: Source) -> str:
+        """The size of the whole cache, extrapolated from the rows so far."""
+        if source.num_rows:
+            done = self.rows / source.num_rows
+        else:
+            done = source.fraction_read() if source.fraction_read is not None else 0.0
+        if not self.rows or done <= 0:
+            return f"more than {self.bytes / 1e6:,.1f} MB"
+        return f"about {self.bytes / min(done, 1.0) / 1e6:,.1f} MB"
+
+
+def _write_cache(source: Source, directory: Path, progress: bool, written: _Written) -> dict:
     rows = chunks = 0
     nnz = [0] * len(source.features)
     name = source.description.get("path") or source.description["format"]
@@ -170,6 +235,7 @@ def write_cache(source: Source, directory: Path, progress: bool = True) -> dict:
         bar = stack.enter_context(tqdm(total=source.num_rows, unit=" rows", unit_scale=True, desc=f"preparing {Path(name).name}",
                                        disable=None if progress else True))
         for chunk in source.chunks:
+            written.add(chunk, len(offsets))
             dense.write(np.ascontiguousarray(chunk.dense, np.float32))
             labels.write(np.ascontiguousarray(chunk.labels, np.float32))
             for f, (values, lengths) in enumerate(chunk.sparse):

@@ -13,9 +13,10 @@ import pyarrow.compute as pc
 from distrec.errors import DistrecError
 
 # Accepted spellings when a fast Arrow cast fails and rows must be checked one by one
-# (in a vectorised regex): at most 18 digits so the value fits in int64.
-_INTEGER = r"^[-+]?\d{1,18}$"
-_FLOAT = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^[-+]?(?i:nan|inf|infinity)$"
+# (in a vectorised regex); the accepted text is then read as float64, so an integer of
+# any length parses (beyond 2**53 it is rounded, as float64 rounds it).
+_INTEGER = r"^[-+]?\d+$"
+_FLOAT = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
 
 # Hex digit value of every byte, 255 for bytes that are not hex digits.
 _HEX_VALUE = np.full(256, 255, np.uint8)
@@ -107,30 +108,50 @@ def hash_strings(arr: pa.Array) -> np.ndarray:
     return np.where(lengths > 0, (h >> np.uint64(2)).astype(np.int64) + 1, 0)
 
 
+def _has_non_ascii(arr: pa.Array) -> np.ndarray:
+    """bool [n]: which values of a string column hold a byte above 127."""
+    starts, lengths, data = string_buffers(arr)
+    high = np.zeros(data.size + 1, np.int64)
+    np.cumsum(data >= 0x80, out=high[1:])
+    return high[starts + lengths] > high[starts]
+
+
 def parse_numbers(arr: pa.Array, integer: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """A numeric, boolean or text column as float64 values (NaN where missing).
+    """A numeric, boolean or text column as finite float64 values (NaN where missing).
 
     Text is parsed as integers when ``integer`` is set, else as decimals; empty text is
     missing. Returns (values float64 [n], bad bool [n]) where ``bad`` marks text that is
-    not a number of that kind.
+    not a finite number of that kind (``nan``, ``inf`` and numbers beyond float64's range
+    are bad) and infinite numeric values; bad entries are NaN. A NaN in a numeric column
+    (as pandas writes a missing value) is missing, not bad.
     """
-    n = len(arr)
-    bad = np.zeros(n, bool)
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        target = pa.int64() if integer else pa.float64()
+    bad = np.zeros(len(arr), bool)
+    text = pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+    if text:
         try:
-            arr = pc.cast(arr, target)
+            arr = pc.cast(arr, pa.int64() if integer else pa.float64())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            # slow path, only for batches holding a bad value: find the bad rows
-            text = pc.utf8_trim_whitespace(arr)
-            text = pc.if_else(pc.equal(text, ""), pa.scalar(None, text.type), text)
-            ok = pc.match_substring_regex(text, _INTEGER if integer else _FLOAT).fill_null(True)
-            bad = ~np.asarray(ok)
-            arr = pc.cast(pc.if_else(ok, text, pa.scalar(None, text.type)), target)
+            # slow path, only for batches holding a bad value: find the bad rows. A number is
+            # ASCII; values with other bytes (maybe not even UTF-8: text is not checked) are bad
+            non_ascii = _has_non_ascii(arr)
+            arr = pc.if_else(pa.array(non_ascii), pa.scalar(None, arr.type), arr) if non_ascii.any() else arr
+            trimmed = pc.utf8_trim_whitespace(arr)
+            trimmed = pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, trimmed.type), trimmed)
+            ok = pc.match_substring_regex(trimmed, _INTEGER if integer else _FLOAT).fill_null(True)
+            bad = ~np.asarray(ok) | non_ascii
+            arr = pc.cast(pc.if_else(ok, trimmed, pa.scalar(None, trimmed.type)), pa.float64())
     elif not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)):
         raise DistrecError(f"a numeric column has type {arr.type}; use a number column for dense values and labels")
-    values = pc.cast(arr, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-    return np.asarray(values, np.float64), bad
+    # int64 beyond 2**53 does not fit float64 exactly; rounding it is fine for features
+    values = np.asarray(pc.cast(arr, pa.float64(), safe=False).fill_null(np.nan).to_numpy(zero_copy_only=False), np.float64)
+    non_finite = ~np.isfinite(values)
+    if text:
+        bad |= non_finite & ~np.asarray(arr.is_null())
+    else:
+        bad |= non_finite & ~np.isnan(values)
+    if bad.any():
+        values = np.where(bad, np.nan, values)
+    return values, bad
 
 
 def bags(arr: pa.Array, separator: str | None) -> tuple[np.ndarray, np.ndarray]:

@@ -9,8 +9,8 @@ with missing = 0, as in the DLRM reference preprocessing; a hash ``h`` becomes r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ def read_criteo(path: str | Path, chunk_rows: int = 262_144, strict: bool = Fals
         features=[SparseFeature(name) for name in SPARSE_NAMES],
         chunks=_chunks(stream),
         malformed=malformed,
+        fraction_read=stream.fraction_read,
     )
 
 

@@ -8,9 +8,9 @@ small-integer-id features (MovieLens ids map one to one), else ``max_ind_range``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

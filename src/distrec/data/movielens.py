@@ -11,8 +11,8 @@ since the collection started. Ratings are streamed; the user and movie tables ar
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ from distrec.data.source import (
     RowCheck,
     Source,
     SparseFeature,
+    describe_error,
     existing_path,
     gather_bags,
     single_hot,
@@ -40,6 +41,7 @@ AGE_BUCKET_EDGES = np.array([18, 25, 35, 45, 50, 56])
 COLLECTION_START_S = 874_627_200
 SECONDS_PER_YEAR = 365.25 * 86_400
 LIKED_RATING = 4
+RATINGS = np.arange(1, 6)  # the 1-5 star scale of the ml-100k README
 DENSE_NAMES = ["age", "release_year", "timestamp"]
 _RATING_COLUMNS = ["user_id", "item_id", "rating", "timestamp"]
 
@@ -47,8 +49,8 @@ _RATING_COLUMNS = ["user_id", "item_id", "rating", "timestamp"]
 def read_movielens(path: str | Path, chunk_rows: int = 262_144, strict: bool = False) -> Source:
     """Stream the ratings of an ml-100k directory as chunks of at most ``chunk_rows`` rows.
 
-    Ratings with the wrong column count, non-numeric fields or an unknown user or movie are
-    skipped and counted (with ``strict``, the first one raises a DistrecError).
+    Ratings with the wrong column count, non-numeric fields, a rating outside 1-5 or an
+    unknown user or movie are skipped and counted (with ``strict``, the first one raises a DistrecError).
     """
     root = existing_path(path, kind="directory")
     for name in ("u.data", "u.user", "u.item"):
@@ -75,6 +77,7 @@ def read_movielens(path: str | Path, chunk_rows: int = 262_144, strict: bool = F
         features=features,
         chunks=_chunks(stream, users, items),
         malformed=malformed,
+        fraction_read=stream.fraction_read,
     )
 
 
@@ -85,8 +88,10 @@ def _chunks(stream: CsvStream, users: _Users, items: _Items) -> Iterator[Chunk]:
         for name in _RATING_COLUMNS:
             fields[name], bad = parse_numbers(batch.column(name), integer=True)
             check.flag(bad | np.isnan(fields[name]), f"{name} is missing or not an integer")
-        user = np.nan_to_num(fields["user_id"], nan=0).astype(np.int64)
-        item = np.nan_to_num(fields["item_id"], nan=0).astype(np.int64)
+        check.flag(~np.isin(fields["rating"], RATINGS), f"the rating is not one of {RATINGS.min()}-{RATINGS.max()}")
+        # ids beyond int64 (unknown anyway) are clipped so the cast stays defined
+        user = np.clip(np.nan_to_num(fields["user_id"], nan=0), -1, 2**62).astype(np.int64)
+        item = np.clip(np.nan_to_num(fields["item_id"], nan=0), -1, 2**62).astype(np.int64)
         check.flag(~users.known(user), "unknown user id")
         check.flag(~items.known(item), "unknown item id")
         keep = check.report(stream.malformed, lambda rows: stream.line_numbers(first + rows))
@@ -116,7 +121,7 @@ def _read_table(path: Path, names: list[str], encoding: str = "utf8") -> pa.Tabl
             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True),
         )
     except (pa.ArrowInvalid, OSError) as e:
-        raise DistrecError(f"cannot read {path}: {str(e).splitlines()[0]}; is this an ml-100k directory?") from None
+        raise DistrecError(f"cannot read {path}: {describe_error(e)}; is this an ml-100k directory?") from None
 
 
 def _ids(table: pa.Table, path: Path) -> np.ndarray:

@@ -7,9 +7,9 @@ ids to table rows at batch time, so a prepared cache serves any ``max_ind_range`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -174,7 +174,8 @@ class Source:
     """A parsed input: its layout and a one-shot stream of chunks.
 
     ``malformed`` is complete once ``chunks`` is exhausted. ``num_rows`` is the row count
-    when known in advance (for a progress bar's total), else None.
+    when known in advance (for a progress bar's total), else None; ``fraction_read``, when
+    given, tells how much of the input the chunks so far have consumed (0 to 1).
     """
 
     description: dict
@@ -184,6 +185,7 @@ class Source:
     chunks: Iterator[Chunk]
     malformed: MalformedRows
     num_rows: int | None = None
+    fraction_read: Callable[[], float] | None = None
 
 
 def existing_path(path: str | Path, what: str = "data", kind: str = "file") -> Path:
@@ -194,3 +196,10 @@ def existing_path(path: str | Path, what: str = "data", kind: str = "file") -> P
         flag = "--schema" if what == "schema" else "--data"
         raise DistrecError(f"{what} {kind} {str(path)!r} not found; check {flag}")
     return p
+
+
+def describe_error(e: Exception, limit: int = 160) -> str:
+    """The first line of an Arrow or OS error, non-printable characters escaped, at most ``limit`` characters."""
+    lines = str(e).splitlines() or [type(e).__name__]
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in lines[0])
+    return text if len(text) <= limit else text[: limit - 3] + "..."

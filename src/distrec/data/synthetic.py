@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm

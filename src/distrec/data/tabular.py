@@ -17,9 +17,9 @@ Parquet list column is multi-valued without a separator.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -27,10 +27,12 @@ import pyarrow.parquet as pq
 import yaml
 
 from distrec.data.columns import bags, hash_strings, parse_numbers
-from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, existing_path, single_hot
+from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, describe_error, existing_path, single_hot
 from distrec.data.textfile import CsvStream, read_header
 from distrec.errors import DistrecError
 
+# Dense values are stored as float32: larger magnitudes would become infinite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _SCHEMA_KEYS = ("label", "threshold", "dense", "categorical", "delimiter", "header", "columns")
 
 
@@ -123,8 +125,9 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
     """Stream a CSV (plain or .gz) or Parquet file as chunks of at most ``chunk_rows`` rows.
 
     Rows with a missing or non-numeric label, a label that is not 0/1 (without a
-    threshold), a non-numeric dense value, or (CSV) the wrong column count are skipped and
-    counted; with ``strict`` the first one raises a DistrecError.
+    threshold), a dense value that is not a number or not finite in float32 (text ``nan``
+    and ``inf``, ``1e39``), or (CSV) the wrong column count are skipped and counted; with
+    ``strict`` the first one raises a DistrecError. A missing dense value is 0.
     """
     schema = load_schema(schema_path)
     path = existing_path(path)
@@ -137,17 +140,19 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
                            include=schema.used_columns, text_columns=schema.used_columns)
         batches = ((batch, lambda rows, first=first: stream.line_numbers(first + rows)) for batch, first in stream)
         list_columns: set[str] = set()
+        num_rows, fraction_read = None, stream.fraction_read
     elif fmt == "parquet":
         malformed = MalformedRows(path, strict, unit="row")
         try:
             parquet = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as e:
-            raise DistrecError(f"cannot read {path} as Parquet ({str(e).splitlines()[0]}); check --data-format") from None
+            raise DistrecError(f"cannot read {path} as Parquet ({describe_error(e)}); check --data-format") from None
         arrow_schema = parquet.schema_arrow
         _check_columns(schema, arrow_schema.names, path, schema_path)
-        batches = _parquet_batches(parquet, schema.used_columns, chunk_rows)
+        batches = _parquet_batches(parquet, path, schema.used_columns, chunk_rows)
         list_columns = {c.name for c in schema.categorical
                         if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)}
+        num_rows, fraction_read = parquet.metadata.num_rows, None
     else:
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
     features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns)
@@ -159,6 +164,8 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
         features=features,
         chunks=_chunks(batches, schema, features, malformed),
         malformed=malformed,
+        num_rows=num_rows,
+        fraction_read=fraction_read,
     )
 
 
@@ -169,9 +176,17 @@ def _check_columns(schema: TabularSchema, names: list[str], path: Path, schema_p
         raise DistrecError(f"schema {schema_path} names column {missing[0]!r}, which is not in {path} (columns: {shown}); fix the schema")
 
 
-def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], chunk_rows: int):
+def _parquet_batches(parquet: pq.ParquetFile, path: Path, columns: list[str], chunk_rows: int):
+    """(batch, row numbers of its rows) pairs; a corrupt page is a DistrecError naming the row reached."""
     first = 0
-    for batch in parquet.iter_batches(batch_size=chunk_rows, columns=columns):
+    batches = parquet.iter_batches(batch_size=chunk_rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise DistrecError(f"{path} is corrupt after row {first} ({describe_error(e)}); re-export the Parquet file") from None
         yield batch, lambda rows, first=first: first + rows + 1
         first += batch.num_rows
 
@@ -190,8 +205,10 @@ def _chunks(batches, schema: TabularSchema, features: list[SparseFeature], malfo
         dense = np.empty((batch.num_rows, len(schema.dense)), np.float32)
         for j, name in enumerate(schema.dense):
             values, bad = parse_numbers(batch.column(name))
-            check.flag(bad, f"{name!r} is not a number")
-            dense[:, j] = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            check.flag(bad, f"{name!r} is not a finite number")
+            too_large = np.abs(values) > _FLOAT32_MAX
+            check.flag(too_large, f"{name!r} is beyond float32's range (3.4e38)")
+            dense[:, j] = np.where(too_large | np.isnan(values), 0.0, values)
         keep = check.report(malformed, line_numbers)
         if keep.size < batch.num_rows:
             batch = batch.take(pa.array(keep))

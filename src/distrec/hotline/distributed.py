@@ -27,11 +27,11 @@ from torch import nn
 
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
-from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
 from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, split_batch
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
+from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.rows import find_sorted
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
@@ -41,10 +41,6 @@ from distrec.train.optim import SparseRowOptimizer, make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
-
-# Optimizers whose per-row state moves with a row (Adam's step count is per table, so a
-# row trained in the hot table would see another bias correction than in its shard).
-ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
 
 
 def replicated_hot_embeddings(
@@ -75,13 +71,6 @@ class DistributedHotlineTraining:
     def __init__(self, model: nn.Module, cfg: RunConfig, total_steps: int, timer: StepTimer | None = None) -> None:
         t, h = cfg.train, cfg.hotline
         embedding_optimizer = t.embedding_optimizer or t.optimizer
-        if embedding_optimizer not in ROW_STATE_OPTIMIZERS:
-            raise DistrecError(
-                f"distributed Hotline trains embeddings with {' or '.join(ROW_STATE_OPTIMIZERS)}, not {embedding_optimizer!r}; "
-                "set train.embedding_optimizer"
-            )
-        if h.relearn_every < 0:
-            raise DistrecError(f"hotline relearn interval is {h.relearn_every}; give a number of steps >= 0 (0: never)")
         self.model = model
         self.embeddings: ReplicatedHotEmbedding = model.embeddings
         self.rank = dist.get_rank(self.embeddings.group)
@@ -90,8 +79,7 @@ class DistributedHotlineTraining:
         self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
-        state_floats = 1 if embedding_optimizer == "adagrad" else 0
-        self.row_bytes = hot_row_bytes(self.embeddings.dim, state_floats)
+        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(embedding_optimizer, self.embeddings.dim))
         self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
         hot_rows = min(self.budget_bytes // self.row_bytes, self.embeddings.space.total_rows)
         logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)

@@ -29,7 +29,7 @@ from torch import nn
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import HotSet, hot_row_bytes
-from distrec.hotline.optim import row_state_floats
+from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
 from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major
@@ -92,6 +92,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
         slow: the slow tier, ``"disk"``, ``"host"`` or ``"auto"`` (see ``TwoTierStore``).
         directory: where a disk tier's scratch file goes.
         progress: show a progress bar while initialising the slow tier.
+        readahead: read a disk tier's pages ahead for each gather (see ``TwoTierStore``).
 
     Example:
         >>> model.embeddings = HotlineEmbeddingBagCollection(tables, device, optimizer="adagrad")
@@ -110,6 +111,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
         slow: str = "auto",
         directory: str | Path | None = None,
         progress: bool = False,
+        readahead: bool = True,
     ) -> None:
         super().__init__()
         dims = sorted({t.dim for t in tables})
@@ -128,7 +130,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
             rows[:, : self.dim] = weights(start, end)
             return rows
 
-        self.store = TwoTierStore(self.space.total_rows, width, self.device, stored_rows, slow, directory, progress)
+        self.store = TwoTierStore(self.space.total_rows, width, self.device, stored_rows, slow, directory, progress, readahead)
         self._no_offsets = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)  # ids are global already
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched: EmbeddingLookup | None = None

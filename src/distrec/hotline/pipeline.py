@@ -18,8 +18,9 @@ move between tiers, and the logger starts a new window, so drifting popularity i
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -38,6 +39,9 @@ WORKER_NAME = "hotline-prefetch"
 
 Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B) -> loss, after backward
 
+
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class PipelineStats:
@@ -82,6 +86,15 @@ class PipelineStats:
             "hot_rows": hot_rows,
             "hot_budget_bytes": budget_bytes,
         }
+
+    def warn_if_never_hot(self, relearn_every: int, sample_rate: float) -> None:
+        """Say so when the run ended before its first hot set (Hotline never engaged)."""
+        if self.relearns == 0:
+            log.warning(
+                f"Hotline never engaged: the run ended after {self.steps} steps without a hot set (one is chosen every "
+                f"--relearn-every {relearn_every} steps from the mini-batches sampled at --sample-rate {sample_rate}); "
+                "lower --relearn-every, raise --sample-rate or train longer"
+            )
 
 
 class HotlinePipeline:
@@ -183,12 +196,26 @@ class HotlinePipeline:
         A window in which no mini-batch was sampled keeps the current hot set.
         """
         if self.logger.sampled_batches > self._sampled_at_relearn:
-            ids, counts = self.logger.counts()
-            self.use_hot_set(select_hot_set(ids, counts, self.embeddings.space, self.embeddings.hot_row_bytes, self.budget_bytes))
-            self.logger.clear()
-            self.stats.relearns += 1
+            self._select_hot_set()
         self._sampled_at_relearn = self.logger.sampled_batches
         return self.hot_set
+
+    def learn(self, batches: Iterable[Batch]) -> HotSet:
+        """A learning phase shortened to ``batches``: count every id of each of them (no
+        sampling, no training), then select the hot set from the window's counts at once,
+        move rows and start a new window. The batches count as no sampled mini-batch.
+        """
+        for batch in batches:
+            self.logger.record(self.embeddings.space.batch_ids(batch))
+        self._select_hot_set()
+        self._sampled_at_relearn = self.logger.sampled_batches
+        return self.hot_set
+
+    def _select_hot_set(self) -> None:
+        ids, counts = self.logger.counts()
+        self.use_hot_set(select_hot_set(ids, counts, self.embeddings.space, self.embeddings.hot_row_bytes, self.budget_bytes))
+        self.logger.clear()
+        self.stats.relearns += 1
 
     def use_hot_set(self, hot: HotSet) -> None:
         """Move rows between tiers so that exactly the rows of ``hot`` are in the fast tier."""

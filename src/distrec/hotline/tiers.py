@@ -97,6 +97,9 @@ class TwoTierStore:
             CUDA) or ``"auto"`` (host for an accelerator, disk for the host).
         directory: where the disk tier's scratch file goes (default: the system temp dir).
         progress: show a progress bar while initialising.
+        readahead: start the disk tier's reads of all the pages a gather touches together
+            (``readahead.py``); False: each row's page is read when the gather faults on it,
+            as with a plain memory-mapped table (no effect on a host tier).
 
     Example:
         >>> store = TwoTierStore(1000, 4, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, 4))
@@ -115,6 +118,7 @@ class TwoTierStore:
         slow: str = "auto",
         directory: str | Path | None = None,
         progress: bool = False,
+        readahead: bool = True,
     ):
         if slow not in SLOW_TIERS:
             raise DistrecError(f"slow tier {slow!r} is unknown; choose one of: {', '.join(SLOW_TIERS)}")
@@ -128,7 +132,7 @@ class TwoTierStore:
         self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
         if self.slow_directory is not None:
             self.slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
-            self.readahead = RowReadahead(self.slow)
+            self.readahead = RowReadahead(self.slow) if readahead else None
         else:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)

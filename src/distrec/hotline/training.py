@@ -19,6 +19,7 @@ logger's entries as files, since tables may be larger than memory.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrec.config import ParallelConfig, RunConfig
+from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
@@ -47,13 +48,6 @@ from distrec.units import parse_bytes
 ROWS_FILE = "hotline-rows.npy"  # float32 [rows of all tables, dim + optimizer state]
 HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast tier's rows
 LOGGER_FILE = "hotline-logger.npz"
-
-
-def check_parallel(cfg: ParallelConfig, world_size: int) -> None:
-    """Raise DistrecError unless Hotline can train with these parallel settings: one
-    process, or several with sharded embeddings and the flat all-to-all."""
-    if world_size > 1 and (cfg.embeddings != "sharded" or cfg.lookup == "sptt"):
-        raise DistrecError("distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local")
 
 
 def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
@@ -82,7 +76,8 @@ class HotlineTraining:
             its ``embeddings`` is replaced by a HotlineEmbeddingBagCollection holding the
             same weights (copied chunk by chunk).
         cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
-            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size, slow tier).
+            ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size, slow tier,
+            readahead, thread placement).
         total_steps: the run's length in optimizer steps (the default decay length).
         run_dir: the run's output directory; the disk tier's scratch file goes there unless
             ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped).
@@ -117,7 +112,7 @@ class HotlineTraining:
         embedding_optimizer = t.embedding_optimizer or t.optimizer
         directory = Path(h.slow_tier_dir or run_dir)
         device = next(model.parameters()).device
-        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress)
+        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead)
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
@@ -156,6 +151,13 @@ class HotlineTraining:
         return loss
 
     __call__ = step
+
+    def learn(self, batches: Iterable[Batch]) -> int:
+        """Learn the hot set from ``batches`` now, without training on them: every id of each
+        is counted (no sampling) and the hot set selected and moved to the fast tier at once,
+        a learning phase shortened to these batches (e.g. to measure the accelerated phase
+        alone). Returns the number of hot rows."""
+        return self.pipeline.learn(batches).num_rows
 
     def stats(self) -> dict[str, Any]:
         """What Hotline did so far: fractions of samples run popular and of lookups served

@@ -1,4 +1,18 @@
-"""Click models (DLRM, DCN-v2) built from fused embedding bags, interactions and MLPs."""
+"""Click models (DLRM, DCN-v2, DMT-DLRM) built from fused embedding bags, interactions and
+MLPs. Models know nothing of ranks: ``distrec.parallel`` applies parallelism from outside.
+
+Paper concept -> module:
+
+- DLRM (Naumov et al. 2019): embedding bags -> ``embedding`` (``table_init``: DLRM's
+  uniform initialisation, block by block); dot/cat interaction -> ``interaction``; MLPs ->
+  ``mlp``; the model -> ``dlrm``
+- DCN-v2 (Wang et al., WWW 2021): cross network -> ``interaction``; the model -> ``dcn``
+- DMT (Luo et al., MLSys 2024): tower modules (DLRM- and DCN-style compression of a tower's
+  embeddings) -> ``tower_modules``; DMT-DLRM -> ``dmt``; its cost and compression (Tables 4-5)
+  -> ``dmt_cost``
+- the contract every model shares (replaceable ``embeddings``, parameter groups) -> ``base``;
+  building from a config -> ``build``
+"""
 
 from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model

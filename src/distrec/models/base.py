@@ -11,7 +11,7 @@ class RecommendationModel(nn.Module):
     ``embeddings`` maps a Batch to pooled vectors [B, F, D]. It is a plain attribute so that
     ``distrec.parallel`` can swap it for a sharded module with the same contract; its
     parameters get sparse gradients and a sparse optimizer, all others a dense one. A model
-    with DMT tower modules (``distrec.towers.model``) keeps them apart as
+    with DMT tower modules (``distrec.models.dmt``) keeps them apart as
     ``tower_parameters``: dense, but synchronised inside a host only when distributed.
     """
 

@@ -9,6 +9,7 @@ from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.dcn import DCN
 from distrec.models.dlrm import DLRM
+from distrec.models.dmt import DmtDLRM, tower_spec
 from distrec.tables import TableConfig
 
 
@@ -36,8 +37,6 @@ def build_model(
                 "build the tables with dim=model.embedding_dim"
             )
     if model_cfg.tower_module is not None:
-        from distrec.towers.model import DmtDLRM, tower_spec
-
         if towers is None:
             raise DistrecError("a model with tower modules needs towers; pass --towers FILE from 'distrec partition'")
         spec = tower_spec(model_cfg, [len(t) for t in towers])

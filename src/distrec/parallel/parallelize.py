@@ -1,18 +1,5 @@
-"""Hybrid parallelism applied to a built model from the outside.
-
-The model code (``distrec.models``) knows nothing of ranks; as with torchtitan's
-``parallelize_*`` functions, this module takes a model built identically on every rank and
-returns it ready for ``world_size`` processes:
-
-- ``sharded`` embeddings: ``model.embeddings`` is replaced by a
-  :class:`~distrec.parallel.sharded_embedding.ShardedEmbeddingBagCollection` holding this
-  rank's shards of a :class:`~distrec.parallel.plan.ShardingPlan`, cut out of the model's own
-  initial weights (the same on every rank, from the same seed), so a sharded run starts
-  exactly where a single-process one does;
-- ``local`` embeddings: every rank keeps its full tables and trains them on its own data
-  shard only (the simple multi-node mode);
-- dense layers: the whole model is wrapped in ``DistributedDataParallel`` with the embedding
-  parameters excluded, so DDP all-reduces the dense gradients only.
+"""The pieces of hybrid parallelism the modes share: the run's sharding plan, data-parallel
+dense layers, and how far local tables drift apart.
 
 Gradient scale: each rank's loss must be ``sum of its samples' losses / (B_global /
 world_size)``; DDP's average over ranks then gives the dense gradients of the global mean
@@ -28,14 +15,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distrec.config import ParallelConfig
 from distrec.errors import DistrecError
-from distrec.models.base import RecommendationModel
 from distrec.parallel.default_plans import greedy_plan, uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
 from distrec.units import parse_bytes
-
-EMBEDDING_MODES = ("sharded", "local")
 
 
 def resolve_plan(tables: list[TableConfig], cfg: ParallelConfig, world_size: int) -> ShardingPlan:
@@ -60,43 +43,9 @@ def resolve_plan(tables: list[TableConfig], cfg: ParallelConfig, world_size: int
     return plan
 
 
-def parallelize_model(
-    model: RecommendationModel,
-    tables: list[TableConfig],
-    mode: str,
-    plan: ShardingPlan | None,
-    device: torch.device,
-    group: dist.ProcessGroup | None = None,
-    embeddings: nn.Module | None = None,
-) -> DistributedDataParallel:
-    """Shard (or keep local) the embeddings of ``model``, move it to ``device``, wrap it in DDP.
-
-    Args:
-        model: built with the same seed on every rank (on the host). For ``sharded`` its
-            embeddings may be built from one-row stand-ins of ``tables``
-            (``distrec.tables.stand_in_tables``): each rank makes only its shards of the
-            real tables, from the seed of ``model.embeddings.initializer``.
-        tables: the model's tables, in feature order.
-        mode: ``sharded`` (needs ``plan``) or ``local``.
-        plan: the ShardingPlan for ``sharded``.
-        device: this rank's device (its CUDA device under NCCL).
-        group: the process group (default: the world).
-        embeddings: an already distributed embedding module to use instead of sharding by
-            ``plan`` (e.g. SPTT's, which shards by tower).
-
-    Returns:
-        The DDP-wrapped model; ``.module`` is the model itself, whose ``embeddings`` are sharded.
-    """
-    if mode not in EMBEDDING_MODES:
-        raise DistrecError(f"parallel.embeddings is {mode!r}; choose one of: {', '.join(EMBEDDING_MODES)}")
-    if embeddings is not None:
-        model.embeddings = embeddings
-    elif mode == "sharded":
-        if plan is None:
-            raise DistrecError("sharded embeddings need a sharding plan; pass --plan, --sharding or let the greedy planner make one")
-        initializer = model.embeddings.initializer.for_tables(tables)
-        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device)
-    model.to(device)
+def dense_data_parallel(model: nn.Module, device: torch.device, group: dist.ProcessGroup | None = None) -> DistributedDataParallel:
+    """``model`` (on ``device``) in DDP with its embedding parameters and buffers excluded, so
+    DDP all-reduces the dense gradients only; ``.module`` is the model itself."""
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, embedding_names)
     return DistributedDataParallel(

@@ -77,7 +77,7 @@ class ShardingPlan:
             return cls(
                 world_size=int(d["world_size"]),
                 tables=[
-                    TablePlacement(t["table"], t["sharding"], [Shard(**s) for s in t["shards"]]) for t in d["tables"]
+                    TablePlacement(t["table"], t["sharding"], [Shard(**_integers(s)) for s in t["shards"]]) for t in d["tables"]
                 ],
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -88,7 +88,11 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
-        return cls.from_dict(read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'"))
+        """A plan saved by ``save``, or a TorchRec plan in the JSON form of ``distrec.parallel.torchrec_format``."""
+        from distrec.parallel.torchrec_format import distrec_plan_dict, is_torchrec_plan
+
+        document = read_json(path, "sharding plan", "check the --plan path", "regenerate it with 'distrec plan'")
+        return cls.from_dict(distrec_plan_dict(document) if is_torchrec_plan(document) else document)
 
     def validate(self, tables: list[TableConfig], memory_per_rank: int | None = None) -> None:
         """Check the plan covers exactly these tables on ranks < world_size (bytes limit optional)."""
@@ -112,6 +116,14 @@ class ShardingPlan:
                         f"sharding plan puts {used / 2**20:.1f} MiB of tables on rank {rank}, over the "
                         f"{memory_per_rank / 2**20:.1f} MiB limit; use more ranks, a larger limit or a row-wise plan"
                     )
+
+
+def _integers(shard: dict) -> dict:
+    """A shard's fields, which must all be JSON integers (TypeError naming the first that is not)."""
+    for key, value in shard.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"shard {key} is {value!r}, not an integer")
+    return shard
 
 
 def _validate_placement(p: TablePlacement, t: TableConfig, world_size: int) -> None:

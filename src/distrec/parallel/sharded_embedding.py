@@ -36,6 +36,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
+from distrec.parallel.sparse_grads import average_sparse_grads
 from distrec.parallel.plan import ShardingPlan
 from distrec.tables import TableConfig
 
@@ -332,33 +333,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     # --- backward helpers --------------------------------------------------------------
     def sync_replica_grads(self) -> None:
-        """Average the sparse gradients of data-parallel tables over all ranks (call before
-        stepping; a collective). Every table's entries travel together: one all-gather of the
-        entry counts, one of the rows and one of the values, whatever the number of tables."""
-        if not len(self.replicas):
-            return
-        grads = [p.grad.coalesce() if p.grad is not None else None for p in self.replicas]
-        rows = [g.indices()[0] if g is not None else self.replicas[0].new_empty(0, dtype=torch.int64) for g in grads]
-        values = [g.values() if g is not None else self.replicas[0].new_empty(0, self.dim) for g in grads]
-        device = self.replicas[0].device
-        counts = [torch.empty(len(rows), dtype=torch.int64, device=device) for _ in range(self.world_size)]
-        dist.all_gather(counts, torch.tensor([r.numel() for r in rows], device=device), group=self.group)
-        counts = [c.tolist() for c in counts]  # [rank][table] entries
-        longest = max(sum(c) for c in counts)
-        sent_rows = torch.cat(rows)
-        sent_values = torch.cat(values)
-        padded_rows = torch.cat([sent_rows, sent_rows.new_zeros(longest - sent_rows.numel())])
-        padded_values = torch.cat([sent_values, sent_values.new_zeros(longest - sent_values.shape[0], self.dim)])
-        all_rows = [torch.empty_like(padded_rows) for _ in range(self.world_size)]
-        all_values = [torch.empty_like(padded_values) for _ in range(self.world_size)]
-        dist.all_gather(all_rows, padded_rows, group=self.group)
-        dist.all_gather(all_values, padded_values, group=self.group)
-        # rank r's entries of table t: its counts[r][t] after those of tables before t
-        row_parts = [torch.split(r[: sum(c)], c) for r, c in zip(all_rows, counts)]
-        value_parts = [torch.split(v[: sum(c)], c) for v, c in zip(all_values, counts)]
-        for t, p in enumerate(self.replicas):
-            if not any(c[t] for c in counts):
-                continue
-            indices = torch.cat([parts[t] for parts in row_parts])
-            averaged = torch.cat([parts[t] for parts in value_parts]) / self.world_size
-            p.grad = torch.sparse_coo_tensor(indices.unsqueeze(0), averaged, p.shape)
+        """Average the sparse gradients of data-parallel tables over the module's ranks (call
+        before stepping; a collective, see ``average_sparse_grads``)."""
+        average_sparse_grads(list(self.replicas), self.group)

@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -173,7 +173,7 @@ def sptt_embeddings(
 
 
 class SpttTowerEmbeddings(nn.Module):
-    """The distributed form of ``distrec.towers.model.TowerEmbeddings``: ``Batch -> [b, K, D]``.
+    """The distributed form of ``distrec.models.dmt.TowerEmbeddings``: ``Batch -> [b, K, D]``.
 
     Host h holds tower h's tables (over its ranks) and a copy of tower h's module on each of
     its ranks; SPTT applies the module at step (e), so only its outputs cross hosts. The

@@ -10,7 +10,7 @@ from distrec.planner.cost_models import CostModels
 from distrec.planner.emit import build_plan, device_tables, whole_tables
 from distrec.planner.heuristics import HEURISTICS, heuristic_placement
 from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
-from distrec.planner.torchrec_planner import torchrec_plan
+from distrec.planner.torchrec_planner import require_torchrec, torchrec_plan
 from distrec.planner.types import PlanConstraints, TableSpec
 
 ALGORITHMS = ("neuroshard", *HEURISTICS, "torchrec")
@@ -56,6 +56,7 @@ def plan_tables(
     constraints: PlanConstraints | None = None,
     seed: int = 0,
     options: SearchOptions | None = None,
+    batch_size: int | None = None,
 ) -> tuple[ShardingPlan, dict]:
     """Shard ``tables`` over ``devices`` devices of ``memory_per_device`` bytes.
 
@@ -69,6 +70,8 @@ def plan_tables(
         constraints: pins and no-split tables.
         seed: seed of the random heuristic.
         options: NeuroShard search options (paper defaults).
+        batch_size: samples per training step over all devices, for torchrec's storage and
+            cost estimates; default the cost models' batch size, else TorchRec's default.
 
     Returns:
         (plan, report): the validated ShardingPlan, and a JSON-ready dict with the algorithm,
@@ -90,6 +93,8 @@ def plan_tables(
     constraints.check(tables, devices)
     check_feasible(tables, devices, memory_per_device, constraints)
     report: dict = {"algorithm": algorithm, "devices": devices, "memory_per_device": memory_per_device}
+    if algorithm == "torchrec" and not constraints.pins:
+        require_torchrec()  # its import (seconds) is not planning time
     start = time.perf_counter()
     if algorithm == "neuroshard":
         if cost_models is None:
@@ -98,7 +103,9 @@ def plan_tables(
         plan = build_plan(tables, result.chunks, result.device_of, devices)
         report.update(cache_hit_rate=result.cache_hit_rate, states_evaluated=result.states)
     elif algorithm == "torchrec":
-        plan = torchrec_plan(tables, devices, memory_per_device, constraints)
+        if batch_size is None and cost_models is not None:
+            batch_size = cost_models.batch_size
+        plan = torchrec_plan(tables, devices, memory_per_device, constraints, batch_size)
     else:
         device_of = heuristic_placement(tables, devices, memory_per_device, algorithm, constraints, seed)
         plan = build_plan(tables, whole_tables(tables), device_of, devices)

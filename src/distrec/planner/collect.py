@@ -19,6 +19,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +139,15 @@ def comm_sample_inputs(index: int, seed: int, world_size: int, max_dim: int, max
     return sums.tolist(), (delays - delays.min()).round(3).tolist()
 
 
+def sample_ids(samples: int | Sequence[int]) -> list[int]:
+    """The sample ids a count (ids 0 .. count - 1) or an explicit list of ids stands for."""
+    return list(range(samples)) if isinstance(samples, int) else sorted(set(int(i) for i in samples))
+
+
 def run_collect(
     out_path: str | Path,
-    compute_samples: int,
-    comm_samples: int,
+    compute_samples: int | Sequence[int],
+    comm_samples: int | Sequence[int],
     devices: int,
     batch_size: int = 4096,
     seed: int = 0,
@@ -159,8 +165,8 @@ def run_collect(
 
     Args:
         out_path: the JSONL file; existing sample ids are kept and skipped.
-        compute_samples: compute samples wanted in total (ids compute-0 ...).
-        comm_samples: comm samples wanted in total for ``devices`` (ids comm{D}-0 ...).
+        compute_samples: compute samples wanted in total (ids compute-0 ...), or the ids wanted.
+        comm_samples: comm samples wanted in total for ``devices`` (ids comm{D}-0 ...), or the ids wanted.
         devices: processes of the all-to-all benchmark (the world size D).
         batch_size: samples per batch (a multiple of ``devices``).
         seed: seed of the sample inputs.
@@ -185,13 +191,15 @@ def run_collect(
     _append(out, {"kind": "hardware", **hardware_description(dev, [devices])})
     show = progress and sys.stderr.isatty()
     pool = make_table_pool(pool_seed, row_scale=row_scale)
-    todo = [i for i in range(compute_samples) if f"compute-{i}" not in done]
+    wanted = sample_ids(compute_samples)
+    todo = [i for i in wanted if f"compute-{i}" not in done]
     if todo:
         keep_freed_memory()  # time the lookups, not the allocator (see distrec.allocator)
-        _collect_compute(out, pool, todo, compute_samples, batch_size, seed, max_tables, max_dim, warmup, repeats, dev, show)
-    todo = [i for i in range(comm_samples) if f"comm{devices}-{i}" not in done]
+        _collect_compute(out, pool, todo, len(wanted), batch_size, seed, max_tables, max_dim, warmup, repeats, dev, show)
+    wanted = sample_ids(comm_samples)
+    todo = [i for i in wanted if f"comm{devices}-{i}" not in done]
     if todo:
-        args = (str(out), todo, comm_samples, batch_size, seed, max_dim, max_delay_ms, warmup, repeats, show)
+        args = (str(out), todo, len(wanted), batch_size, seed, max_dim, max_delay_ms, warmup, repeats, show)
         spawn_group(_comm_worker, devices, dev.type, args)
     return out
 

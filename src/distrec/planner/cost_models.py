@@ -6,7 +6,10 @@
   device's forward+backward lookup time (ms). A device's cost is then the sum of learned
   non-negative per-table costs plus a constant: adding a table never makes a device cheaper,
   and the search balancing predicted costs balances per-table costs, as lookup-greedy
-  balances dim x pooling factor (test R^2 0.93 here, a free MLP head 0.91). The loss is the MSE in ms. The prediction is the mean of an ensemble of
+  balances dim x pooling factor (test R^2 0.93 here, a free MLP head 0.91). The NeuroShard
+  paper's form, an MLP after the sum (``compute_head="mlp"``: 32 -> 64 -> 1), is offered
+  for comparison: it can learn that tables sharing a device do not cost the sum of their
+  parts (the paper's Observation 2), but it is not monotone. The loss is the MSE in ms. The prediction is the mean of an ensemble of
   such nets trained from different initialisations: a search picks the plans whose cost one
   net under-predicts most, and independently trained nets disagree on exactly those (a
   single net's best plans of 8-device tasks were 15-21% cheaper than lookup-greedy's by its
@@ -38,9 +41,10 @@ from __future__ import annotations
 import copy
 import io
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -57,6 +61,9 @@ COST_MODEL_FORMAT = 5
 TABLE_MLP = (128, 32)
 ENSEMBLE_SIZE = 5
 COMM_MLP = (128, 64, 32, 16)
+POST_SUM_MLP = (64,)
+ComputeHead = Literal["monotone", "mlp"]
+COMPUTE_HEADS: tuple[ComputeHead, ...] = ("monotone", "mlp")
 
 
 def _mlp(sizes: Iterable[int], final_relu: bool) -> nn.Sequential:
@@ -124,17 +131,40 @@ class MonotoneHead(nn.Module):
         return weight.double().numpy().copy(), float(offset)
 
 
+class PostSumMLP(nn.Module):
+    """The NeuroShard paper's head: an MLP on the summed table embeddings, [..., n] -> [...]."""
+
+    def __init__(self, num_inputs: int) -> None:
+        super().__init__()
+        self.mlp = _mlp((num_inputs, *POST_SUM_MLP, 1), final_relu=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).squeeze(-1)
+
+
 class ComputeCostNet(_Standardised):
     """Predicts a device's forward+backward lookup time (ms) from its tables' features.
 
-    The time is additive over the tables: a sum of non-negative learned per-table costs plus
-    a constant, in units of ``target_scale``.
+    With the ``monotone`` head the time is additive over the tables: a sum of non-negative
+    learned per-table costs plus a constant; with the ``mlp`` head (the paper's) an MLP of
+    their summed embeddings. In units of ``target_scale``.
     """
 
-    def __init__(self, num_features: int = len(TABLE_FEATURE_NAMES)) -> None:
+    def __init__(self, num_features: int = len(TABLE_FEATURE_NAMES), head: ComputeHead = "monotone") -> None:
         super().__init__(num_features)
         self.table_mlp = _mlp((num_features, *TABLE_MLP), final_relu=True)
-        self.head = MonotoneHead(TABLE_MLP[-1])
+        self.head = MonotoneHead(TABLE_MLP[-1]) if head == "monotone" else PostSumMLP(TABLE_MLP[-1])
+
+    @property
+    def head_kind(self) -> ComputeHead:
+        return "monotone" if isinstance(self.head, MonotoneHead) else "mlp"
+
+    def numpy_head(self) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+        """The head as float64 layers for ``_run_numpy`` (output in units of ``target_scale``)."""
+        if isinstance(self.head, MonotoneHead):
+            weight, offset = self.head.numpy_parameters()
+            return [(weight[:, None], np.array([offset]), False)]
+        return _numpy_layers(self.head.mlp)
 
     def forward(self, features: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
         """features float [n, F] of all tables, group int64 [n] their device (0..num_groups-1) -> [num_groups] ms."""
@@ -234,6 +264,7 @@ class CostModels:
             "hardware": json.dumps(self.hardware),
             "metrics": json.dumps(self.metrics),
             "compute_members": len(self.compute.members),
+            "compute_head": self.compute.members[0].head_kind,
             "compute": self.compute.state_dict(),
             "comm": {str(d): (fw.state_dict(), bw.state_dict()) for d, (fw, bw) in self.comm.items()},
         }
@@ -256,7 +287,10 @@ class CostModels:
                 f"cost models {str(p)!r} have another format than this distrec ({COST_MODEL_FORMAT}); "
                 "retrain them with 'distrec plan train-cost-models'"
             )
-        compute = ComputeEnsemble([ComputeCostNet() for _ in range(int(state["compute_members"]))])
+        head = state.get("compute_head", "monotone")
+        if head not in COMPUTE_HEADS:
+            raise DistrecError(f"cost models {str(p)!r} have an unknown compute head {head!r}; retrain them")
+        compute = ComputeEnsemble([ComputeCostNet(head=head) for _ in range(int(state["compute_members"]))])
         compute.load_state_dict(state["compute"])
         comm = {}
         for d, (fw_state, bw_state) in state["comm"].items():
@@ -318,9 +352,15 @@ class CostPredictor:
     def __init__(self, compute: ComputeEnsemble, fw: CommCostNet, bw: CommCostNet) -> None:
         members = list(compute.members)
         self._members = [(_numpy_layers(m.table_mlp), _Scaling(m)) for m in members]
-        heads = [(*m.head.numpy_parameters(), float(m.target_scale) / len(members)) for m in members]
-        self._head_weight = np.concatenate([w * scale for w, _, scale in heads])
-        self._head_offset = sum(b * scale for _, b, scale in heads)
+        scales = [float(m.target_scale) / len(members) for m in members]
+        width = TABLE_MLP[-1]
+        if all(m.head_kind == "monotone" for m in members):  # one linear map of all members' embeddings
+            heads = [m.numpy_head()[0] for m in members]
+            weight = np.concatenate([w * scale for (w, _, _), scale in zip(heads, scales)])
+            offset = sum(b * scale for (_, b, _), scale in zip(heads, scales))
+            self._heads = [(slice(None), [(weight, offset, False)], 1.0)]
+        else:  # each member's head on its slice of the summed embeddings
+            self._heads = [(slice(k * width, (k + 1) * width), m.numpy_head(), scale) for k, (m, scale) in enumerate(zip(members, scales))]
         self._fw_layers, self._fw_scaling = _numpy_layers(fw.mlp), _Scaling(fw)
         self._bw_layers, self._bw_scaling = _numpy_layers(bw.mlp), _Scaling(bw)
 
@@ -331,7 +371,8 @@ class CostPredictor:
 
     def device_compute(self, summed_embeddings: np.ndarray) -> np.ndarray:
         """Predicted lookup time (ms) of devices from their summed embeddings [..., 32 x members]."""
-        return np.atleast_2d(summed_embeddings) @ self._head_weight + self._head_offset
+        x = np.atleast_2d(summed_embeddings)
+        return sum(_run_numpy(layers, x[:, part])[:, 0] * scale for part, layers, scale in self._heads)
 
     def plan_costs(self, compute_ms: np.ndarray, dim_sums: np.ndarray) -> dict[str, np.ndarray]:
         """Per-device predicted costs (ms): compute, bw_comm, fw_comm and their total."""
@@ -511,6 +552,7 @@ def train_cost_models(
     epochs: int = 1000,
     patience: int = 60,
     verbose: bool = True,
+    compute_head: ComputeHead = "monotone",
 ) -> CostModels:
     """Train the computation and communication models from collected micro-benchmarks.
 
@@ -521,6 +563,8 @@ def train_cost_models(
         epochs: the most epochs per model; early stopping usually ends sooner.
         patience: epochs without a better validation MSE before stopping.
         verbose: print each model's test MSE.
+        compute_head: ``monotone`` (the default, additive over tables) or ``mlp`` (the paper's
+            MLP after the sum); see the module doc.
     """
     paths = [data_paths] if isinstance(data_paths, (str, Path)) else list(data_paths)
     compute_recs, comm_recs, hardware = read_cost_samples(paths)
@@ -539,7 +583,7 @@ def train_cost_models(
     # one thread: the nets are tiny and more threads only add synchronisation
     with intra_op_threads(1), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        compute, comm, metrics = _fit_all(compute_data, comm_recs, seed, epochs, patience)
+        compute, comm, metrics = _fit_all(compute_data, comm_recs, seed, epochs, patience, compute_head)
     models = CostModels(compute, comm, batch_sizes.pop(), hardware, metrics)
     if verbose:
         for name, m in metrics.items():
@@ -553,11 +597,11 @@ def train_cost_models(
     return models
 
 
-def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int):
+def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int, compute_head: ComputeHead = "monotone"):
     """Train the computation model and a forward/backward pair per world size in the comm records."""
     members, runs = [], []
     for _ in range(ENSEMBLE_SIZE):  # same split and batches, another initialisation each
-        member = ComputeCostNet()
+        member = ComputeCostNet(head=compute_head)
         member.set_statistics(compute_data.features, compute_data.targets)
         runs.append(fit(member, compute_data, seed, epochs, patience))
         members.append(member)

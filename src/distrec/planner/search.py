@@ -72,9 +72,11 @@ class SearchOptions:
 
     @classmethod
     def ablation(cls, name: str) -> SearchOptions:
-        """``full``, ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
+        """``full``, ``no-split`` (no column splits beyond those a table needs to fit one device:
+        the NeuroShard paper's "no beam search" ablation of its Table 3), ``no-beam`` (beam width 1: greedy splitting), ``no-grid`` or ``no-cache``."""
         variants = {
             "full": cls(),
+            "no-split": cls(max_steps=0),
             "no-beam": cls(beam_width=1),
             "no-grid": cls(grid_search=False),
             "no-cache": cls(use_cache=False),

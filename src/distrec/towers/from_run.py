@@ -57,7 +57,7 @@ def trained_sample(
         progress: progress bar while the data is prepared.
     """
     from distrec.data import Dataset, prepare
-    from distrec.train.loop import load_trained_model
+    from distrec.train.evaluate import load_trained_model
 
     if rows < 2:
         raise DistrecError(f"--sample-rows {rows} is too small; use at least 2 (2048 is a good default)")

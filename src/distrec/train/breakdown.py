@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from distrec.io import atomic_write_json
+from distrec.parallel.sharded_embedding import ExchangeStats
 
 # The components of one iteration, in the order they happen (the bars are stacked so).
 COMPONENTS = (
@@ -44,10 +45,10 @@ class StepTimer:
     ``optimizer``; the trainer charges ``data_loading``. At the end of each step the
     forward time is split with what the watched modules reported:
 
-    - ``watch_embeddings(module)``: time inside the embedding module (training forwards
-      only) is ``lookup``, the rest of the forward ``dense_forward``; a sharded module's
-      exchange statistics (``stats.input_ms``, ``stats.output_ms``) move its all-to-all
-      time to ``input_all_to_all`` and ``output_all_to_all``;
+    - ``watch_embeddings(module, exchange)``: time inside the embedding module (training
+      forwards only) is ``lookup``, the rest of the forward ``dense_forward``; the exchange
+      statistics of a sharded module (``input_ms``, ``output_ms``) move its all-to-all time
+      to ``input_all_to_all`` and ``output_all_to_all``;
     - ``watch_ddp(ddp)``: the time during which a DDP gradient all-reduce was in flight
       (it overlaps backward) moves from ``backward`` to ``gradient_all_reduce``.
 
@@ -78,8 +79,9 @@ class StepTimer:
         """Charge ``ms`` measured elsewhere (e.g. inside a module) to ``name``."""
         self.current[name] += ms
 
-    def watch_embeddings(self, module: torch.nn.Module) -> None:
-        """Time every training forward of ``module`` (see the class doc)."""
+    def watch_embeddings(self, module: torch.nn.Module, exchange: Callable[[], ExchangeStats | None] = lambda: None) -> None:
+        """Time every training forward of ``module``; ``exchange()`` gives the all-to-all
+        statistics of its last forward (see the class doc)."""
         started: list[float] = []
 
         def before(mod, args) -> None:
@@ -90,7 +92,7 @@ class StepTimer:
             if mod.training and started:
                 ms = (self._now() - started.pop()) * 1e3
                 self._embedding_ms += ms
-                stats = getattr(mod, "stats", None)
+                stats = exchange()
                 if stats is not None:
                     self.current["input_all_to_all"] += stats.input_ms
                     self.current["output_all_to_all"] += stats.output_ms

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,6 @@ import torch.distributed as dist
 from distrec.errors import DistrecError
 from distrec.io import atomic_directory, publish_directory
 from distrec.parallel.reshard import Block, held_blocks, import_blocks
-from distrec.towers.checkpoint import import_towers
 
 CHECKPOINT_DIR = "checkpoint"
 META_FILE = "meta.json"
@@ -127,21 +127,3 @@ def restore_embeddings(checkpoint: Path, meta: dict[str, Any], embeddings: torch
         }
     saved = [b for r in sorted(sources) for b in load_state(checkpoint, r)["blocks"]]
     import_blocks(embeddings, optimizer, saved)
-
-
-def restore_towers(checkpoint: Path, meta: dict[str, Any], embeddings: torch.nn.Module, optimizer: Any) -> None:
-    """Load the tower modules ``embeddings`` holds (and ``optimizer``'s state of them) from a checkpoint.
-
-    Only the rank files holding those towers are read; nothing happens without towers.
-    """
-    saved_towers = meta.get("towers")
-    if saved_towers is None:
-        return
-    held = embeddings.tower_modules()
-    if len(saved_towers["rank"]) != len(saved_towers["features"]) or any(t >= len(saved_towers["rank"]) for t in held):
-        raise DistrecError(
-            f"checkpoint {str(checkpoint)!r} has {len(saved_towers['rank'])} towers but this run has more; "
-            "resume it with the towers (and --hosts) it was trained with"
-        )
-    sources = sorted({saved_towers["rank"][t] for t in held})
-    import_towers(embeddings, optimizer, [entry for r in sources for entry in load_state(checkpoint, r)["towers"]])

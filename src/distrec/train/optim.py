@@ -9,7 +9,7 @@ only the rows that occur; their state is a plain tensor per parameter, so ``stat
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -13,32 +11,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from distrec.allocator import keep_freed_memory
 from distrec.data.batch import Batch
 from distrec.train.breakdown import StepTimer
-
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def reuse_freed_host_memory(mmap_threshold_bytes: int = 1 << 30) -> bool:
-    """Make glibc's malloc keep freed memory for reuse instead of returning it to the OS.
-
-    A training step allocates and frees tens of megabytes of temporaries (activations,
-    gradients, optimizer scratch). By default glibc serves blocks that large with fresh
-    mmaps (or trims the heap after freeing them), so every step page-faults its
-    temporaries in again; that costs about 10% of an Adam step here. With blocks up to
-    ``mmap_threshold_bytes`` taken from the heap and heap trimming off, the process keeps
-    its peak working set and reuses it. Returns whether the setting was applied (only on
-    Linux with glibc; elsewhere nothing changes).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, -1))
 
 
 class TrainStep:
@@ -59,7 +34,7 @@ class TrainStep:
         optimizers: stepped in order by ``apply``.
         schedulers: stepped after the optimizers by ``apply``.
         reuse_host_memory: when the model has CPU parameters, call
-            ``reuse_freed_host_memory()`` (a process-wide malloc setting).
+            ``distrec.allocator.keep_freed_memory()`` (a process-wide malloc setting).
         timer: charges each part of the step to a component (``forward``, ``loss``,
             ``backward``, ``gradient_all_reduce``, ``optimizer``); None times nothing.
         sync_gradients: called between backward and the optimizers (e.g. to all-reduce
@@ -87,7 +62,7 @@ class TrainStep:
         self.timer = timer
         self.sync_gradients = sync_gradients
         if reuse_host_memory and any(p.device.type == "cpu" for p in model.parameters()):
-            reuse_freed_host_memory()
+            keep_freed_memory()
 
     def _phase(self, name: str) -> AbstractContextManager:
         return self.timer.phase(name) if self.timer is not None else nullcontext()

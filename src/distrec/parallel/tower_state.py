@@ -9,11 +9,15 @@ tower, whatever the saving run's topology was.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
+
+from distrec.errors import DistrecError
+from distrec.train.checkpoint import load_state
 
 
 def _copy(value: Any) -> Any:
@@ -44,3 +48,21 @@ def import_towers(embeddings: nn.Module, optimizer: Optimizer | None, saved: lis
         for name, p in module.named_parameters():
             if name in entry["state"]:
                 optimizer.state[p] = {k: v.to(p.device) if torch.is_tensor(v) else v for k, v in entry["state"][name].items()}
+
+
+def restore_towers(checkpoint: Path, meta: dict[str, Any], embeddings: torch.nn.Module, optimizer: Any) -> None:
+    """Load the tower modules ``embeddings`` holds (and ``optimizer``'s state of them) from a checkpoint.
+
+    Only the rank files holding those towers are read; nothing happens without towers.
+    """
+    saved_towers = meta.get("towers")
+    if saved_towers is None:
+        return
+    held = embeddings.tower_modules()
+    if len(saved_towers["rank"]) != len(saved_towers["features"]) or any(t >= len(saved_towers["rank"]) for t in held):
+        raise DistrecError(
+            f"checkpoint {str(checkpoint)!r} has {len(saved_towers['rank'])} towers but this run has more; "
+            "resume it with the towers (and --hosts) it was trained with"
+        )
+    sources = sorted({saved_towers["rank"][t] for t in held})
+    import_towers(embeddings, optimizer, [entry for r in sources for entry in load_state(checkpoint, r)["towers"]])

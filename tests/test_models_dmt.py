@@ -3,9 +3,9 @@ import torch
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.dmt import DmtDLRM, TowerEmbeddings
+from distrec.models.tower_modules import TowerModuleSpec
 from distrec.tables import TableConfig
-from distrec.towers.model import DmtDLRM, TowerEmbeddings
-from distrec.towers.modules import TowerModuleSpec
 
 TABLES = [TableConfig(f"t{i}", 20, 8) for i in range(5)]
 TOWERS = [[3, 0], [4, 1, 2]]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from distrec.errors import DistrecError
-from distrec.towers.modules import (
+from distrec.models.tower_modules import (
     DcnTowerModule,
     DlrmTowerModule,
     TowerModuleSpec,

@@ -1,0 +1,246 @@
+"""What every benchmark needs, in one place: launching processes, interleaved rounds, results.
+
+The benchmark scripts import it as a sibling module (``import harness``: a script's own
+folder is first on ``sys.path``). It uses only distrec's public surface.
+
+- options: :func:`add_options` declares typed command-line options from their defaults;
+- launching: :func:`run_worker` (one measurement in a fresh process), :func:`distrec_train`
+  (``distrec train``, optionally ``--nproc-per-node N``), :func:`launch_ranks` (one process
+  per rank with torchrun's environment, :func:`rank_env`, e.g. inside network namespaces);
+- timing: :func:`interleaved_rounds` runs the baseline and the candidates in turns, so that
+  every one sees the same machine load; :class:`Samples` holds one system's measurements
+  and gives their median and spread;
+- results: :func:`finish` writes the result JSON atomically and prints it as the last line;
+  :func:`figure` / :func:`save_png` draw a PNG whose axes must be labelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from distrec.io import atomic_write_bytes, atomic_write_json
+
+R = TypeVar("R")
+WORKER_FLAG = "--worker"
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def add_options(parser: argparse.ArgumentParser, defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None) -> None:
+    """One ``--name-with-dashes`` option per entry of ``defaults``, typed by its default value:
+    a bool gives ``--name`` / ``--no-name``, a list one or more values of its first item's
+    type, anything else one value of its type. ``helps`` adds help texts by name."""
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        kwargs: dict[str, Any] = {"default": default, "help": (helps or {}).get(name)}
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif isinstance(default, list):
+            parser.add_argument(flag, nargs="+", type=type(default[0]), **kwargs)
+        else:
+            parser.add_argument(flag, type=type(default), **kwargs)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Samples:
+    """Repeated measurements of one quantity of one system (e.g. ms per step)."""
+
+    values: list[float] = field(default_factory=list)
+
+    def add(self, value: float) -> None:
+        self.values.append(float(value))
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
+
+    @property
+    def spread(self) -> float:
+        """90th over 10th percentile (1.0: every measurement the same)."""
+        return float(np.percentile(self.values, 90) / np.percentile(self.values, 10))
+
+    def summary(self, digits: int = 2) -> dict[str, Any]:
+        """``median``, ``p90_over_p10`` and the measurements themselves, rounded."""
+        return {"median": round(self.median, digits), "p90_over_p10": round(self.spread, 3), "values": [round(v, digits) for v in self.values]}
+
+
+def interleaved_rounds(
+    systems: Mapping[str, Callable[[int], R]], rounds: int, shuffle_seed: int | None = None, after_round: Callable[[int], None] | None = None
+) -> dict[str, list[R]]:
+    """Run every system once per round (``run(round_index)``), in turns, and collect what each returned.
+
+    The systems run in their given order (baseline first), or, with ``shuffle_seed``, in a
+    new random order every round (``numpy.random.default_rng(shuffle_seed).permutation``),
+    so that none always follows another. Medians over the rounds then compare systems
+    measured under the same machine load.
+    """
+    names = list(systems)
+    order = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    results: dict[str, list[R]] = {name: [] for name in names}
+    for r in range(rounds):
+        for k in order.permutation(len(names)) if order is not None else range(len(names)):
+            results[names[k]].append(systems[names[k]](r))
+        if after_round is not None:
+            after_round(r)
+    return results
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def last_json_line(text: str) -> Any:
+    """The JSON object on the last non-empty line of a process's output."""
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def run_worker(script: str | Path, spec: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
+    """Run ``python script --worker SPEC_JSON`` in a fresh process; the JSON of its last line.
+
+    A fresh process inherits no allocator state, caches or threads from another system.
+    """
+    command = [sys.executable, os.path.abspath(script), WORKER_FLAG, json.dumps(spec)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise SystemExit(f"{Path(script).name}: worker {json.dumps(spec)} failed:\n{done.stderr[-3000:]}")
+    return last_json_line(done.stdout)
+
+
+def set_items(items: Sequence[str]) -> list[str]:
+    """``--set`` arguments of ``distrec train`` for ``section.key=value`` items."""
+    return [arg for item in items for arg in ("--set", item)]
+
+
+@dataclass
+class TrainedRun:
+    """A ``distrec train`` run: its output folder, ``summary.json`` and ``breakdown.json``, and wall time (s)."""
+
+    out: Path
+    summary: dict[str, Any]
+    breakdown: dict[str, Any]
+    wall_s: float
+
+    def step_ms(self, components: Sequence[str], statistic: str = "mean_ms") -> float:
+        """The breakdown's ``statistic`` summed over ``components`` (ms per step)."""
+        return sum(self.breakdown["components"][c][statistic] for c in components)
+
+
+def distrec_train(out: str | Path, arguments: Sequence[str], procs: int = 1, cache_dir: str | Path | None = None) -> TrainedRun:
+    """``distrec train --no-progress --out OUT ARGUMENTS`` (with ``--nproc-per-node`` when ``procs > 1``)."""
+    out = Path(out)
+    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(out), *arguments]
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
+    if procs > 1:
+        command += ["--nproc-per-node", str(procs)]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"distrec train --out {out} failed:\n{done.stderr[-3000:]}")
+    return TrainedRun(
+        out, json.loads((out / "summary.json").read_text()), json.loads((out / "breakdown.json").read_text()), time.perf_counter() - started
+    )
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(rank: int, world_size: int, ranks_per_host: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """torchrun's environment variables of ``rank`` (hosts hold consecutive ranks)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank % ranks_per_host),
+        "LOCAL_WORLD_SIZE": str(ranks_per_host),
+        "GROUP_RANK": str(rank // ranks_per_host),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
+
+
+def launch_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], name: str) -> None:
+    """Start one process per rank (``commands[r]`` with ``os.environ`` + ``envs[r]``) and wait
+    for all; at the first failure stop the others and exit naming it."""
+    procs = [subprocess.Popen(list(cmd), env={**os.environ, **env}) for cmd, env in zip(commands, envs, strict=True)]
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise SystemExit(f"{name}: rank {failed[0]} exited with status {procs[failed[0]].returncode}")
+            time.sleep(0.2)
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise SystemExit(f"{name}: rank {failed[0]} exited with status {procs[failed[0]].returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def finish(result: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
+    """Write ``result`` to ``path`` (JSON, atomically), then print it as the last line of output."""
+    if path is not None:
+        atomic_write_json(Path(path), result)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def figure(panels: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Any, list[Any]]:
+    """A matplotlib Figure (no display needed) with ``panels`` axes side by side."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * panels, height))
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+
+
+def bars(ax: Any, categories: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, errors: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Grouped bars: one group per category, one bar per series (a legend when more than one)."""
+    x = np.arange(len(categories))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        yerr = errors.get(label) if errors else None
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, yerr=yerr, capsize=3 if yerr is not None else 0, label=label)
+    ax.set_xticks(x, list(categories))
+    ax.set_ylabel(ylabel)
+    if len(series) > 1:
+        ax.legend()
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG (atomically); every axes must have a y label, and an x label or tick labels."""
+    for ax in fig.axes:
+        if not ax.get_ylabel() or not (ax.get_xlabel() or any(t.get_text() for t in ax.get_xticklabels())):
+            raise ValueError(f"a panel of {Path(path).name} has unlabelled axes; give it a y label and an x label or tick labels")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    atomic_write_bytes(Path(path), buffer.getvalue())
+    return Path(path)

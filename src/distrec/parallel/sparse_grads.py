@@ -1,0 +1,50 @@
+"""Averaging sparse (row) gradients over a process group: only rows touched somewhere travel."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
+    """Replace each parameter's sparse COO gradient [rows, width] by its mean over ``group`` (a
+    collective; every rank passes parameters of the same shapes in the same order, with or
+    without a gradient).
+
+    Every parameter's entries travel together: one all-gather of the entry counts, one of
+    the rows and one of the values, whatever the number of parameters. The result is
+    uncoalesced (the row-wise optimizers coalesce).
+    """
+    if not params:
+        return
+    world_size = dist.get_world_size(group)
+    widths = [p.shape[1] for p in params]
+    grads = [p.grad.coalesce() if p.grad is not None else None for p in params]
+    rows = [g.indices()[0] if g is not None else p.new_empty(0, dtype=torch.int64) for g, p in zip(grads, params)]
+    values = [g.values().reshape(-1) if g is not None else p.new_empty(0) for g, p in zip(grads, params)]
+    device = params[0].device
+    counts = [torch.empty(len(rows), dtype=torch.int64, device=device) for _ in range(world_size)]
+    dist.all_gather(counts, torch.tensor([r.numel() for r in rows], device=device), group=group)
+    counts = [c.tolist() for c in counts]  # [rank][parameter] entries
+    floats = [[n * w for n, w in zip(c, widths)] for c in counts]
+    padded_rows = _padded(torch.cat(rows), max(sum(c) for c in counts))
+    padded_values = _padded(torch.cat(values), max(sum(f) for f in floats))
+    all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
+    all_values = [torch.empty_like(padded_values) for _ in range(world_size)]
+    dist.all_gather(all_rows, padded_rows, group=group)
+    dist.all_gather(all_values, padded_values, group=group)
+    # rank r's entries of parameter t: its counts[r][t] after those of parameters before t
+    row_parts = [torch.split(r[: sum(c)], c) for r, c in zip(all_rows, counts)]
+    value_parts = [torch.split(v[: sum(f)], f) for v, f in zip(all_values, floats)]
+    for t, p in enumerate(params):
+        if not any(c[t] for c in counts):
+            continue
+        indices = torch.cat([parts[t] for parts in row_parts])
+        averaged = torch.cat([parts[t] for parts in value_parts]).view(-1, widths[t]) / world_size
+        p.grad = torch.sparse_coo_tensor(indices.unsqueeze(0), averaged, p.shape)
+
+
+def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``x`` (1-D) with zeros appended up to ``length`` (all-gather needs equal sizes)."""
+    return torch.cat([x, x.new_zeros(length - x.numel())])

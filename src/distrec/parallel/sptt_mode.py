@@ -1,0 +1,72 @@
+"""Sptt and SpttTowers: DMT's topology-aware exchange, without and with tower modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from distrec.config import RunConfig
+from distrec.models.base import RecommendationModel
+from distrec.parallel.mode import RunContext
+from distrec.parallel.sharded import Sharded
+from distrec.parallel.sptt_embedding import run_topology, sptt_embeddings, sptt_tower_embeddings
+from distrec.parallel.topology import Topology
+from distrec.tables import TableConfig
+from distrec.towers.partition import resolve_towers
+
+
+class Sptt(Sharded):
+    """Tower t's tables on host t (table- or column-wise over its ranks, ``parallel.tower_sharding``),
+    exchanged by SPTT (DMT, Luo et al., MLSys 2024), which equals the flat all-to-all.
+
+    The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's);
+    the towers come from ``parallel.towers``, else strided over the hosts.
+    """
+
+    name = "sptt"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        p = ctx.cfg.parallel
+        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host)
+        self._towers = resolve_towers([t.name for t in ctx.tables], p.towers, self.topology.hosts)
+
+    @classmethod
+    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
+        return world_size > 1 and cfg.parallel.lookup == "sptt" and cfg.model.tower_module is None
+
+    @classmethod
+    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
+        p = cfg.parallel
+        if p.hosts is not None:
+            Topology(p.hosts, p.ranks_per_host).check_world_size(world_size)
+        if p.towers is not None or p.hosts is not None:  # else the hosts come from torchrun's environment
+            resolve_towers([t.name for t in tables], p.towers, p.hosts)
+
+    def towers(self) -> list[list[int]] | None:
+        return self._towers
+
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        tables, p = self.ctx.tables, self.ctx.cfg.parallel
+        fill = model.embeddings.initializer.for_tables(tables).fill
+        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding)
+        self.plan = model.embeddings.plan
+
+
+class SpttTowers(Sptt):
+    """SPTT with DMT's tower modules: host h runs tower h's module on its tables' pooled
+    embeddings before they cross hosts (step (e)); the module's gradients are summed inside
+    the host. Equals the one-process DMT-DLRM."""
+
+    name = "sptt-towers"
+
+    @classmethod
+    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
+        return world_size > 1 and cfg.parallel.lookup == "sptt" and cfg.model.tower_module is not None
+
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        sharding = self.ctx.cfg.parallel.tower_sharding
+        model.embeddings = sptt_tower_embeddings(model.embeddings, self.ctx.tables, self.topology, self.ctx.device, sharding)
+        self.plan = model.embeddings.bags.plan
+
+    def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
+        return model.embeddings.sync_tower_grads

@@ -1,0 +1,161 @@
+"""TwoD: 2D sparse parallelism, tables sharded within groups of ranks and replicated across them.
+
+Zhang et al., "Two-dimensional Sparse Parallelism for Large Scale Deep Learning
+Recommendation Model Training" (arXiv 2508.03854, 2025; TorchRec's ``DMPCollection``): the N
+ranks form G replica groups of S = N / G consecutive ranks (so a group spans whole hosts
+when S is a multiple of the ranks per host). Each group holds every table, sharded over its
+S ranks by a plan for S ranks, and its all-to-all spans only those S ranks; rank s of every
+group holds the same shards, and those G ranks form a *replica set* that keeps them
+consistent. Dense layers stay data-parallel over all N ranks.
+
+Keeping the replicas consistent (``parallel.replica_sync``):
+
+- ``exact``: after backward, each replica set averages its shards' sparse row gradients
+  (only the rows touched in some group travel), so every group applies the same update and
+  training equals one process's;
+- ``periodic``: each group updates its replica alone, and every ``parallel.sync_every``
+  steps each replica set averages its weights and row-wise optimizer state (as
+  ``DMPCollection`` does); with ``sync_every`` 1 it equals ``exact`` for SGD.
+
+Checkpoints hold one copy of every table: group 0's blocks (a periodic run averages the
+replicas first, so resume exactly from checkpoints at multiples of ``sync_every``); they
+load into any other layout, and any checkpoint loads into this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+
+from distrec.config import RunConfig
+from distrec.data.batch import Batch
+from distrec.models.base import RecommendationModel
+from distrec.parallel.mode import RunContext, TrainingStep
+from distrec.parallel.parallelize import resolve_plan
+from distrec.parallel.reshard import export_blocks
+from distrec.parallel.sharded import Sharded
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.parallel.sparse_grads import average_sparse_grads
+from distrec.tables import TableConfig
+
+
+def replica_layout(world_size: int, groups: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The ranks of each replica group (consecutive) and of each replica set (rank s of every group)."""
+    size = world_size // groups
+    shard_groups = [list(range(g * size, (g + 1) * size)) for g in range(groups)]
+    replica_sets = [[g * size + s for g in range(groups)] for s in range(size)]
+    return shard_groups, replica_sets
+
+
+class PeriodicReplicaSync:
+    """A training step that averages the replicas every ``every`` steps (``periodic`` sync)."""
+
+    def __init__(self, step: TrainingStep, every: int, average: Callable[[], None]) -> None:
+        self.step, self.every, self.average = step, every, average
+        self.optimizers, self.schedulers = step.optimizers, step.schedulers
+        self.steps = 0
+
+    def __call__(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
+        loss = self.step(batch, normalizer)
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.average()
+        return loss
+
+
+class TwoD(Sharded):
+    """2D sparse parallelism (see the module doc): ``parallel.replica_groups`` G > 1."""
+
+    name = "2d"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        p = ctx.cfg.parallel
+        self.groups, self.group_size = p.replica_groups, ctx.world_size // p.replica_groups
+        self.group_index = ctx.rank // self.group_size
+        self.replica_set: dist.ProcessGroup | None = None
+        self.sync_bytes = 0  # sent by this rank's replica syncs so far
+
+    @classmethod
+    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
+        return world_size > 1 and cfg.parallel.replica_groups > 1
+
+    @classmethod
+    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
+        resolve_plan(tables, cfg.parallel, world_size // cfg.parallel.replica_groups)
+
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        shard_groups, replica_sets = replica_layout(self.ctx.world_size, self.groups)
+        # every rank creates every group, in the same order (torch.distributed's rule)
+        shard_group = [dist.new_group(ranks) for ranks in shard_groups][self.group_index]
+        self.replica_set = [dist.new_group(ranks) for ranks in replica_sets][self.ctx.rank % self.group_size]
+        tables = self.ctx.tables
+        self.plan = resolve_plan(tables, self.ctx.cfg.parallel, self.group_size)
+        initializer = model.embeddings.initializer.for_tables(tables)
+        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, shard_group, self.ctx.device)
+
+    def _replicated(self, model: RecommendationModel) -> list[nn.Parameter]:
+        """This rank's table parameters that its replica set holds alike (shards, then replicas)."""
+        return [*model.embeddings.weights, *model.embeddings.replicas]
+
+    def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
+        in_group = super().gradient_sync(model)
+        if self.ctx.cfg.parallel.replica_sync == "periodic":
+            return in_group
+
+        def exact() -> None:
+            if in_group is not None:
+                in_group()
+            params = self._replicated(model)
+            self.sync_bytes += sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
+            average_sparse_grads(params, self.replica_set)
+
+        return exact
+
+    def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
+        step = super().make_step(model, module)
+        if self.ctx.cfg.parallel.replica_sync == "exact":
+            return step
+        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, self.average_replicas)
+
+    @torch.no_grad()
+    def average_replicas(self) -> None:
+        """Average every replica set's weights and row-wise optimizer state (a collective)."""
+        sparse = self._optimizers()[0]
+        for p in self._replicated(self.model):
+            state = sparse.state.get(p, {}) if sparse is not None else {}
+            for tensor in [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]:
+                dist.all_reduce(tensor, group=self.replica_set)
+                tensor /= self.groups
+                self.sync_bytes += tensor.numel() * tensor.element_size()
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def export_table_blocks(self, sparse: Optimizer | None) -> list[dict[str, Any]]:
+        if self.group_index != 0:
+            return []  # one copy of every table: group 0's
+        return export_blocks(self.block_module(), sparse, include_replicas=self.ctx.rank == 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.step, PeriodicReplicaSync):
+            self.average_replicas()
+        state = super().state_dict()
+        if isinstance(self.step, PeriodicReplicaSync):
+            state["replica_sync_steps"] = self.step.steps
+        return state
+
+    def load_state_dict(self, own: dict[str, Any], checkpoint: Path, meta: dict[str, Any]) -> None:
+        super().load_state_dict(own, checkpoint, meta)
+        if isinstance(self.step, PeriodicReplicaSync):
+            self.step.steps = int(own.get("replica_sync_steps", 0))
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {**super().checkpoint_meta(), "replica_groups": self.groups}
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"replica_groups": self.groups, "replica_sync": self.ctx.cfg.parallel.replica_sync, "replica_sync_bytes": self.sync_bytes}

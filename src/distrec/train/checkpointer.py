@@ -1,0 +1,102 @@
+"""Checkpointer: saves a run's parts as one checkpoint and puts them back.
+
+It is handed the parts (the parallel mode, which holds the model, optimizers and schedulers,
+and the trainer's progress and random generators) and knows none of them: each part gives
+its ``state_dict()``, which go side by side into every rank's state file; the mode adds the
+layout to the metadata. The files and their atomic writing are ``distrec.train.checkpoint``'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch.distributed as dist
+
+from distrec.errors import DistrecError
+from distrec.parallel.mode import ParallelMode
+from distrec.train.checkpoint import load_state, read_meta, save_checkpoint, save_checkpoint_collectively
+from distrec.train.rng import capture_rng, restore_rng
+
+
+def _layout(world_size: int, embeddings: str, plan: dict[str, Any] | None) -> str:
+    kinds = "+".join(sorted({t["sharding"] for t in plan["tables"]})) if plan else ""
+    return f"{world_size} process{'es' if world_size > 1 else ''}, {embeddings} {kinds}".rstrip()
+
+
+def _resharding(meta: dict[str, Any], mode: ParallelMode) -> str:
+    """'' when the checkpoint's layout is this run's, else ', resharded from A to B'."""
+    saved = _layout(int(meta.get("world_size", 1)), meta.get("embeddings", "single"), meta.get("plan"))
+    now = _layout(mode.ctx.world_size, mode.embeddings, mode.plan.to_dict() if mode.plan is not None else None)
+    return "" if saved == now else f", resharded from {saved} to {now}"
+
+
+class Stateful(Protocol):
+    """Anything whose state a checkpoint keeps (as torch's ``Stateful``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RandomGenerators:
+    """The Python, NumPy and torch generators of this process, as a checkpoint part."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)
+
+
+class Checkpointer:
+    """Writes ``run_dir/checkpoint`` from ``mode`` and ``parts`` and restores them (collective
+    when the run has several processes).
+
+    Args:
+        run_dir: the run directory.
+        mode: the run's parallel mode (after ``parallelize``).
+        parts: name -> part; each name is a key of the state files.
+        run_meta: the run's entries of the metadata (step, config, tables, ...).
+    """
+
+    def __init__(self, run_dir: Path, mode: ParallelMode, parts: dict[str, Stateful], run_meta: Callable[[], dict[str, Any]]) -> None:
+        self.run_dir = Path(run_dir)
+        self.mode = mode
+        self.parts = parts
+        self.run_meta = run_meta
+
+    def save(self) -> None:
+        """Write a checkpoint (every rank writes its own state file)."""
+        state = {**self.mode.state_dict(), **{name: part.state_dict() for name, part in self.parts.items()}}
+        index = [b["block"] for b in state["blocks"]]
+        meta = {**self.run_meta(), **self.mode.checkpoint_meta()}
+        ctx = self.mode.ctx
+        if ctx.world_size == 1:
+            meta["blocks"] = [{"rank": 0, "block": b} for b in index]
+            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.mode.write_files)
+            return
+        every: list[list[dict]] = [None] * ctx.world_size  # type: ignore[list-item]
+        dist.all_gather_object(every, index)
+        meta["blocks"] = [{"rank": r, "block": b} for r, blocks in enumerate(every) for b in blocks]
+        save_checkpoint_collectively(self.run_dir, state, meta)
+
+    def load(self, checkpoint: Path) -> None:
+        """Continue from ``checkpoint``, saved with this world size and layout or any other the
+        mode can reshard from."""
+        ctx = self.mode.ctx
+        meta = read_meta(checkpoint)
+        saved_world = int(meta.get("world_size", 1))
+        own = load_state(checkpoint, ctx.rank if ctx.rank < saved_world else 0, map_location=ctx.device)
+        if not type(self.mode).wrote(own, meta):
+            raise DistrecError(
+                f"checkpoint {str(checkpoint)!r} was saved by another kind of run than this one ({self.mode.name}); "
+                "resume it with the config and process count it was saved with"
+            )
+        self.mode.load_state_dict(own, checkpoint, meta)
+        for name, part in self.parts.items():
+            part.load_state_dict(own[name])
+        if ctx.rank == 0:
+            print(f"distrec: resuming from step {meta['step']} of {checkpoint}{_resharding(meta, self.mode)}", file=sys.stderr)

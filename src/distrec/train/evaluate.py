@@ -1,0 +1,111 @@
+"""Scoring a model: predictions over batches, click metrics, a saved model in one process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrec import config as config_mod
+from distrec.config import RunConfig
+from distrec.data import Dataset, prepare
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.models.base import RecommendationModel
+from distrec.models.build import build_model
+from distrec.modes import restore_saved_model
+from distrec.tables import TableConfig
+from distrec.train.checkpoint import find_checkpoint, load_state, read_meta
+from distrec.train.metrics import click_metrics
+from distrec.train.run import split_rows
+
+
+def default_device() -> torch.device:
+    """This process's accelerator when one is present (``cuda:LOCAL_RANK``), else the host."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, batches: Iterator[Batch], device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and click probabilities for every sample of ``batches``."""
+    was_training = model.training
+    model.eval()
+    labels, probs = [], []
+    for batch in batches:
+        batch = batch.to(device, non_blocking=True)
+        probs.append(torch.sigmoid(model(batch)).float().cpu().numpy())
+        labels.append(batch.labels.cpu().numpy())
+    model.train(was_training)
+    if not labels:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return np.concatenate(labels), np.concatenate(probs)
+
+
+def evaluate(model: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_size: int, device: torch.device) -> dict[str, float]:
+    """Click metrics of ``model`` on the given rows of ``dataset`` (one process)."""
+    labels, probs = predict(model, dataset.batches(rows, batch_size, shuffle=False), device)
+    return click_metrics(labels, probs)
+
+
+def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> tuple[RecommendationModel, RunConfig, list[TableConfig], dict[str, Any]]:
+    """The model saved in a run (or its ``checkpoint/`` folder) in one process, on ``device``.
+
+    A checkpoint of a distributed run is gathered from all its ranks' shards (for a run with
+    local embeddings, rank 0's tables are taken). Returns (model, the run's config, its
+    tables as trained, the checkpoint's metadata).
+    """
+    ckpt = find_checkpoint(checkpoint)
+    meta = read_meta(ckpt)
+    cfg = config_mod.from_dict(meta["config"])
+    device = device or default_device()
+    tables = [TableConfig.from_dict(t) for t in meta["tables"]]
+    towers = None
+    if meta.get("towers") is not None:
+        index = {t.name: i for i, t in enumerate(tables)}
+        towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
+    model = build_model(cfg.model, meta["num_dense"], tables, device=device, towers=towers)
+    restore_saved_model(model, ckpt, load_state(ckpt, 0, map_location=device), meta)
+    return model, cfg, tables, meta
+
+
+def evaluate_checkpoint(
+    checkpoint: Path,
+    data_path: str | None,
+    data_format: str | None,
+    schema: str | None = None,
+    cache_dir: str | None = None,
+    strict: bool | None = None,
+    batch_size: int = 16384,
+    progress: bool = True,
+) -> dict[str, float | str]:
+    """Metrics of a saved model, hashed as in the saved run: on every row of ``data_path``, or,
+    without it, on the run's own validation rows (its data, split as it was split).
+
+    The result's ``scored`` says which: ``all rows of PATH`` or ``the run's val split``.
+    """
+    device = default_device()
+    model, cfg, tables, meta = load_trained_model(checkpoint, device)
+    if data_path is not None:
+        cfg.data.path = data_path
+        cfg.data.format = data_format or cfg.data.format
+    if schema is not None:
+        cfg.data.schema = schema
+    if cache_dir is not None:
+        cfg.data.cache_dir = cache_dir
+    if strict is not None:
+        cfg.data.strict = strict
+    dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
+    if dataset.num_dense != meta["num_dense"] or [t.name for t in dataset.tables(cfg.model.embedding_dim)] != [t.name for t in tables]:
+        raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
+    dataset.override_tables(tables)
+    if data_path is None:
+        rows, scored = split_rows(dataset, cfg)["val"], "the run's val split"
+    else:
+        rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {data_path}"
+    return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored}

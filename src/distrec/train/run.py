@@ -1,0 +1,101 @@
+"""A run: its directory's files, its metrics log, its data splits, seeding, memory, checks
+before launch, resuming."""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distrec import config as config_mod
+from distrec.config import RunConfig
+from distrec.data import Dataset, prepare
+from distrec.errors import DistrecError
+from distrec.modes import check_mode
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+BREAKDOWN_FILE = "breakdown.json"
+PLAN_FILE = "plan.json"
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl; on resume, entries written after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, keep_through_step: int | None) -> None:
+        self.path = path
+        if keep_through_step is None:
+            path.write_text("")
+        elif path.exists():
+            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= keep_through_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def peak_rss_per_rank(distributed: bool) -> list[int]:
+    """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if not distributed:
+        return [mine]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def split_rows(dataset: Dataset, cfg: RunConfig) -> dict[str, np.ndarray]:
+    """The run's train/val/test rows of ``dataset``; DistrecError when the training split is empty."""
+    splits = dataset.split(cfg.data.split, seed=cfg.train.seed)
+    if len(splits["train"]) == 0:
+        raise DistrecError(f"the training split is empty ({dataset.num_rows} rows, split {cfg.data.split!r}); use more data or a smaller holdout")
+    return splits
+
+
+def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
+    """Fail early, before workers start: parse the data into the cache, pick the parallel mode
+    and let it check the tables (plan, topology, towers).
+
+    Raises DistrecError for anything a worker would reject (bad data, empty split, a refused
+    combination, a plan that does not fit the tables, the world size or the memory limit).
+    """
+    dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
+    split_rows(dataset, cfg)
+    check_mode(cfg, world_size, dataset.tables(cfg.model.embedding_dim))
+
+
+def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval_every: int | None, parallel: dict[str, str] | None = None) -> RunConfig:
+    """The saved config of ``run_dir`` with a raised training length (and, to reshard, new
+    ``parallel`` fields such as ``plan`` or ``sharding``)."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise DistrecError(f"cannot resume {str(run_dir)!r}: {CONFIG_FILE} not found; pass the --out directory of an earlier run")
+    overrides = []
+    if epochs is not None:
+        overrides.append(f"train.epochs={epochs}")
+    if max_steps is not None:
+        overrides.append(f"train.max_steps={max_steps}")
+    if eval_every is not None:
+        overrides.append(f"train.eval_every={eval_every}")
+    cfg = config_mod.load(path, overrides)
+    parallel = parallel or {}
+    if "plan" in parallel or "sharding" in parallel:  # a new plan replaces the saved one
+        cfg.parallel.plan = cfg.parallel.sharding = None
+    for key, value in parallel.items():
+        setattr(cfg.parallel, key, value)
+    config_mod.validate(cfg)
+    return cfg

@@ -1,0 +1,114 @@
+"""2D sparse parallelism on real gloo groups: exact sync equals one process, periodic sync
+with K = 1 equals exact, and checkpoints hold one copy of the tables and reshard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distrec.data import Dataset, prepare
+from distrec.errors import DistrecError
+from distrec.modes import select_mode
+from distrec.parallel.default_plans import uniform_plan
+from distrec.parallel.plan import ShardingPlan
+from distrec.parallel.two_d import replica_layout
+from distrec.train.loop import train
+from multiprocess import run_distributed
+from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
+
+STEPS = 6
+
+
+def _cfg(cache: Path, steps: int = STEPS, overrides: tuple[str, ...] = (), **parallel):
+    return tiny_config(cache, steps, overrides, **parallel)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cache")
+    prepare(_cfg(path).data, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single")
+    train(_cfg(cache, steps=2 * STEPS), out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_half(cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single-half")
+    train(_cfg(cache), out, progress=False)
+    return out
+
+
+def test_replica_layout_groups_consecutive_ranks():
+    groups, sets = replica_layout(8, 2)
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert sets == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("world_size, groups, message", [(4, 3, "must divide"), (1, 2, "must divide")])
+def test_groups_must_divide_the_world(cache, world_size, groups, message):
+    with pytest.raises(DistrecError, match=message):
+        select_mode(_cfg(cache, replica_groups=groups), world_size)
+
+
+def test_plan_for_the_wrong_group_size_is_refused(cache, tmp_path):
+    tables = Dataset(prepare(_cfg(cache).data, progress=False)).tables(8)
+    uniform_plan(tables, 4, "table_wise").save(tmp_path / "plan4.json")
+    cfg = _cfg(cache, replica_groups=2, plan=str(tmp_path / "plan4.json"))
+    with pytest.raises(DistrecError, match="is for 4 ranks but 2 are running"):
+        select_mode(cfg, 4).check(cfg, 4, tables)
+
+
+def _mixed_plan(cache: Path, path: Path) -> Path:
+    tables = Dataset(prepare(_cfg(cache).data, progress=False)).tables(8)
+    kinds = ["table_wise", "column_wise", "row_wise", "data_parallel", "table_wise"]
+    ShardingPlan(2, [uniform_plan([t], 2, kind).tables[0] for t, kind in zip(tables, kinds)]).save(path)
+    return path
+
+
+@pytest.mark.parametrize("plan", ["column_wise", "mixed"])
+def test_exact_2d_equals_one_process(cache, reference_half, tmp_path, plan):
+    """2 groups x 2 ranks, every sharding type within a group."""
+    parallel = {"plan": str(_mixed_plan(cache, tmp_path / "plan.json"))} if plan == "mixed" else {"sharding": plan}
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, **parallel), tmp_path / "run")
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["replica_groups"] == 2 and summary["replica_sync"] == "exact" and summary["replica_sync_bytes"] > 0
+    meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
+    assert {entry["rank"] for entry in meta["blocks"]} == {0, 1}  # one copy of the tables: group 0's
+
+
+def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=1), tmp_path / "run")
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
+
+
+def test_periodic_sync_lets_replicas_drift_between_syncs(cache, reference_half, tmp_path):
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=4), tmp_path / "run")
+    losses = train_losses(tmp_path / "run")
+    assert losses[:1] == pytest.approx(train_losses(reference_half)[:1], abs=1e-5)  # the same start
+    assert losses != pytest.approx(train_losses(reference_half), abs=1e-5)
+
+
+def test_checkpoints_reshard_between_2d_sharded_and_one_process(cache, reference, tmp_path):
+    """(2 x 2) for half the steps, then (1 x 4) plain sharding; and (1 x 4) -> (2 x 2) -> one process."""
+    first = tmp_path / "first"
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="table_wise"), first)
+    run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, sharding="row_wise"), first, True)
+    assert train_losses(first) == pytest.approx(train_losses(reference), abs=1e-5)
+    assert_same_parameters(trained_parameters(first), trained_parameters(reference))
+
+    second = tmp_path / "second"
+    run_distributed(train_on_rank, 4, _cfg(cache, sharding="column_wise"), second)
+    run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, replica_groups=2, sharding="row_wise"), second, True)
+    assert train_losses(second) == pytest.approx(train_losses(reference), abs=1e-5)
+    assert_same_parameters(trained_parameters(second), trained_parameters(reference))
