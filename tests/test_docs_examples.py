@@ -42,6 +42,7 @@ HELP_NOT_RUN = {
     # --- need 4 or more processes, more than a 2-core test machine should start ---
     "distrec train --nproc-per-node 4": "4 worker processes",
     "distrec plan collect --devices 4 8": "gloo groups of 4 and 8 processes, about 7 minutes",
+    "distrec plan calibrate": "gloo groups of 4 and 8 processes for its budget of minutes",
     # --- depend on the command above, which does not run ---
     "distrec plan train-cost-models": "needs the cost data of 'plan collect --devices 4 8'",
     # --- placeholders for the user's own files, which the shared samples do not provide ---
