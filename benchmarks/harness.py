@@ -145,7 +145,7 @@ class TrainedRun:
 def distrec_train(out: str | Path, arguments: Sequence[str], procs: int = 1, cache_dir: str | Path | None = None) -> TrainedRun:
     """``distrec train --no-progress --out OUT ARGUMENTS`` (with ``--nproc-per-node`` when ``procs > 1``)."""
     out = Path(out)
-    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(out), *arguments]
+    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--overwrite", "--out", str(out), *arguments]
     if cache_dir is not None:
         command += ["--cache-dir", str(cache_dir)]
     if procs > 1:

@@ -10,7 +10,7 @@ from distrec.errors import DistrecError
 def test_line_numbers_of_kept_rows_skip_bad_lines(tmp_path, header):
     rng = np.random.default_rng(3)
     good_lines, text = [], ["a,b,c"] if header else []
-    for i in range(500):
+    for _ in range(500):
         line = len(text) + 1
         if rng.random() < 0.2:
             text.append(",".join(["9"] * int(rng.choice([1, 2, 4]))))  # wrong column count
@@ -65,7 +65,7 @@ def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path):
     path.write_text("".join(f"{i},{'x' * (i % 7)}\n" for i in range(1000)))
     stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=100, column_names=["a", "b"], text_columns=["a", "b"])
     fractions = []
-    for batch, first in stream:
+    for _batch, _first in stream:
         fractions.append(stream.fraction_read())
     assert fractions == sorted(fractions) and len(fractions) == 10
     assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(0.1, abs=0.02)

@@ -14,9 +14,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,8 @@ from distrec.errors import DistrecError
 from distrec.models.embedding import bags_of_rows, pool_sum
 from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
-from distrec.parallel.sparse_grads import average_sparse_grads
 from distrec.parallel.plan import ShardingPlan
+from distrec.parallel.sparse_grads import average_sparse_grads
 from distrec.tables import TableConfig
 
 TableFill = Callable[[torch.Tensor, int, int, int], None]

@@ -29,9 +29,10 @@ the input's device (gloo on CPU, NCCL on GPU).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

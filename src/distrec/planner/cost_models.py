@@ -460,7 +460,7 @@ def fit(
     initial_val = mse(parts["val"])
     best = (initial_val, copy.deepcopy(net.state_dict()))
     since_best = epoch = 0
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, epochs + 1):  # noqa: B007 (the last epoch is reported)
         net.train()
         train = parts["train"][torch.randperm(parts["train"].size, generator=gen).numpy()]
         for start in range(0, train.size, batch_size):

@@ -9,7 +9,7 @@ log10 rows). ``random`` puts each table on a random device that has memory.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

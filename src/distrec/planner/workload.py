@@ -9,7 +9,7 @@ sparse SGD update (what fused embedding kernels do in their backward).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -9,7 +9,7 @@ the fitted effective bandwidth over the nominal one.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import nnls

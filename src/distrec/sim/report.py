@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 2) -> str:

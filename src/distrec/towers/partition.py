@@ -21,9 +21,9 @@ Example:
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -77,7 +77,7 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(out)
         self.device = device or default_device()
-        self.rank, self.world_size = init_from_env(self.device)
+        self.rank, self.world_size = init_from_env(self.device, cfg.parallel.timeout_seconds)
         self.distributed = self.world_size > 1
         self.show_progress = progress and self.rank == 0
         if cfg.train.threads:
