@@ -44,7 +44,10 @@ def scores(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     predicted, measured = predicted.ravel(), measured.ravel()
     residual = float(((predicted - measured) ** 2).mean())
     variance = float(measured.var())
-    return {"r2": 1 - residual / variance if variance > 0 else 0.0, "median_relative_error": float(np.median(np.abs(predicted - measured) / np.maximum(measured, 1e-3)))}
+    return {
+        "r2": 1 - residual / variance if variance > 0 else 0.0,
+        "median_relative_error": float(np.median(np.abs(predicted - measured) / np.maximum(measured, 1e-3))),
+    }
 
 
 def held_out_errors(models, compute: list[dict], comm: list[dict]) -> dict[str, dict[str, float]]:
@@ -94,14 +97,32 @@ def main() -> None:
                 print(f"{fraction:g} of the samples: {e}", file=sys.stderr)
                 break
             errors = held_out_errors(models, test_compute, test_comm)
-            rows.append({"fraction": fraction, "compute_samples": int(fraction * len(train_compute)), "comm_samples": int(fraction * len(train_comm)), "head": head, "held_out": errors})
+            rows.append(
+                {
+                    "fraction": fraction,
+                    "compute_samples": int(fraction * len(train_compute)),
+                    "comm_samples": int(fraction * len(train_comm)),
+                    "head": head,
+                    "held_out": errors,
+                }
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     table = markdown(rows)
     (args.out / "table.md").write_text(table)
     save_figure(rows, args.out / "error_vs_samples.png")
     print(table)
-    print(json.dumps({"rows": rows, "held_out_compute": len(test_compute), "held_out_comm": len(test_comm), "cost_data": str(args.cost_data),
-                      "seconds": time.perf_counter() - start, "command": " ".join(["python", *sys.argv])}))
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "held_out_compute": len(test_compute),
+                "held_out_comm": len(test_comm),
+                "cost_data": str(args.cost_data),
+                "seconds": time.perf_counter() - start,
+                "command": " ".join(["python", *sys.argv]),
+            }
+        )
+    )
 
 
 def markdown(rows: list[dict]) -> str:
@@ -123,10 +144,18 @@ def save_figure(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for head in COMPUTE_HEADS:
         mine = [r for r in rows if r["head"] == head]
-        ax.plot([r["compute_samples"] for r in mine], [r["held_out"]["compute"]["median_relative_error"] for r in mine], marker="o", label=f"compute ({head} head)")
+        ax.plot(
+            [r["compute_samples"] for r in mine], [r["held_out"]["compute"]["median_relative_error"] for r in mine], marker="o", label=f"compute ({head} head)"
+        )
     monotone = [r for r in rows if r["head"] == COMPUTE_HEADS[0]]
     for name in sorted({k for r in monotone for k in r["held_out"] if k != "compute"}):
-        ax.plot([r["comm_samples"] for r in monotone], [r["held_out"][name]["median_relative_error"] for r in monotone], marker="s", linestyle="--", label=name.replace("_", " ") + " devices")
+        ax.plot(
+            [r["comm_samples"] for r in monotone],
+            [r["held_out"][name]["median_relative_error"] for r in monotone],
+            marker="s",
+            linestyle="--",
+            label=name.replace("_", " ") + " devices",
+        )
     ax.set(xscale="log", xlabel="training samples (compute; all-to-all for comm)", ylabel="held-out median relative error", title="cost-model error vs samples")
     ax.legend(fontsize=8)
     fig.tight_layout()

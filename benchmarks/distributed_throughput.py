@@ -103,8 +103,10 @@ def main() -> None:
     print(f"\n{'configuration':<22} {'samples/s':>10} {'ratio':>6} {'a2a in KB':>10} {'a2a out KB':>11} {'allreduce KB':>13}")
     for label, r in results.items():
         b = r["bytes_per_step"]
-        print(f"{label:<22} {r['samples_per_s']:>10,.0f} {r['ratio']:>6.2f} {b['input_all_to_all'] / 1e3:>10,.0f} "
-              f"{b['output_all_to_all'] / 1e3:>11,.0f} {b['gradient_all_reduce'] / 1e3:>13,.0f}")
+        print(
+            f"{label:<22} {r['samples_per_s']:>10,.0f} {r['ratio']:>6.2f} {b['input_all_to_all'] / 1e3:>10,.0f} "
+            f"{b['output_all_to_all'] / 1e3:>11,.0f} {b['gradient_all_reduce'] / 1e3:>13,.0f}"
+        )
     harness.finish({"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}, Path(args.out) / "distributed_throughput.json")
 
 

@@ -436,21 +436,33 @@ def simulator_fit(calibration: dict, schemes: dict, args: argparse.Namespace) ->
     except DistrecError as e:  # timings too noisy to fit (a busy machine)
         return {"error": str(e), "measurements": calibration}
     cross = links.get("cross_host", LinkParams(0.0, 1.0))  # unused with one host
-    cluster = Cluster(args.hosts, args.ranks_per_host, peak_flops=calibration["flops_per_s"], compute_efficiency=1.0,
-                      scale_up=links["intra_host"], scale_out=cross)
-    out = {"links": {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()},
-           "flops_per_s": calibration["flops_per_s"], "measurements": calibration}
+    cluster = Cluster(
+        args.hosts, args.ranks_per_host, peak_flops=calibration["flops_per_s"], compute_efficiency=1.0, scale_up=links["intra_host"], scale_out=cross
+    )
+    out = {
+        "links": {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()},
+        "flops_per_s": calibration["flops_per_s"],
+        "measurements": calibration,
+    }
     for name, r in schemes.items():
         scheme, compression = ("dmt", r["compression"]) if name.startswith("dmt") else (name, 1.0)
         # only the embedding module: exchanges and, for DMT, the tower modules' compute
-        workload = Workload(local_batch=args.global_batch // (args.hosts * args.ranks_per_host), num_features=args.features,
-                            embedding_dim=args.dim, dense_mflops=0.0, dense_params=0,
-                            tower_mflops=r.get("tower_mflops_per_sample", 0.0))
+        workload = Workload(
+            local_batch=args.global_batch // (args.hosts * args.ranks_per_host),
+            num_features=args.features,
+            embedding_dim=args.dim,
+            dense_mflops=0.0,
+            dense_params=0,
+            tower_mflops=r.get("tower_mflops_per_sample", 0.0),
+        )
         predicted = predict_iteration(workload, cluster, scheme, compression)
         # forward only: half the exchange (forward + backward), a third of the compute (forward + 2 x backward)
         forward = predicted.embedding_exchange / 2 + predicted.compute / 3
-        out[name] = {"predicted_output_exchange_ms": forward, "measured_output_exchange_ms": r["output_exchange_ms"],
-                     "predicted_over_measured": forward / r["output_exchange_ms"]}
+        out[name] = {
+            "predicted_output_exchange_ms": forward,
+            "measured_output_exchange_ms": r["output_exchange_ms"],
+            "predicted_over_measured": forward / r["output_exchange_ms"],
+        }
     for name in schemes:
         out[name]["predicted_speedup"] = out["flat"]["predicted_output_exchange_ms"] / out[name]["predicted_output_exchange_ms"]
         out[name]["measured_speedup"] = schemes["flat"]["output_exchange_ms"] / schemes[name]["output_exchange_ms"]
@@ -476,10 +488,17 @@ def print_table(summary: dict) -> None:
     rows = []
     for name, r in summary["schemes"].items():
         measured = r["cross_host_bytes_measured"]
-        rows.append({"scheme": name, "iteration_ms": r["iteration_ms"], "embedding_fwd_ms": r["embedding_forward_ms"],
-                     "speedup": r["speedup"], "auc": r["auc"],
-                     "cross_MB_payload": r["cross_host_payload_bytes"] / 1e6,
-                     "cross_MB_link": measured / 1e6 if measured is not None else "-"})
+        rows.append(
+            {
+                "scheme": name,
+                "iteration_ms": r["iteration_ms"],
+                "embedding_fwd_ms": r["embedding_forward_ms"],
+                "speedup": r["speedup"],
+                "auc": r["auc"],
+                "cross_MB_payload": r["cross_host_payload_bytes"] / 1e6,
+                "cross_MB_link": measured / 1e6 if measured is not None else "-",
+            }
+        )
     print(format_table(rows, digits=3))
 
 

@@ -70,8 +70,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
 
     fmt, path, towers, max_ratio, epochs = DATASETS[name]
     epochs = 1 if args.quick else epochs
-    overrides = [f'data.format="{fmt}"', f'data.path="{path}"', f"model.embedding_dim={args.dim}",
-                 "model.bottom_mlp=[64]", "model.top_mlp=[64]"]
+    overrides = [f'data.format="{fmt}"', f'data.path="{path}"', f"model.embedding_dim={args.dim}", "model.bottom_mlp=[64]", "model.top_mlp=[64]"]
     cfg = config.load(None, overrides, preset="tiny")
     dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
     tables = dataset.tables(args.dim)
@@ -139,9 +138,15 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for name, r in results.items():
         size = r["model_size"]
-        row = {"data": name, "towers": DATASETS[name][2], "CR": r["compression"],
-               "params_dlrm": size["baseline_dense_parameters"], "params_dmt": size["dense_parameters"],
-               "MFLOPs_dlrm": size["baseline_mflops_per_sample"], "MFLOPs_dmt": size["mflops_per_sample"]}
+        row = {
+            "data": name,
+            "towers": DATASETS[name][2],
+            "CR": r["compression"],
+            "params_dlrm": size["baseline_dense_parameters"],
+            "params_dmt": size["dense_parameters"],
+            "MFLOPs_dlrm": size["baseline_mflops_per_sample"],
+            "MFLOPs_dmt": size["mflops_per_sample"],
+        }
         for m in MODELS:
             row[m] = f"{np.mean(r['auc'][m]):.4f} ± {np.std(r['auc'][m]):.4f}"
         rows.append(row)

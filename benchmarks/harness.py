@@ -154,9 +154,7 @@ def distrec_train(out: str | Path, arguments: Sequence[str], procs: int = 1, cac
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"distrec train --out {out} failed:\n{done.stderr[-3000:]}")
-    return TrainedRun(
-        out, json.loads((out / "summary.json").read_text()), json.loads((out / "breakdown.json").read_text()), time.perf_counter() - started
-    )
+    return TrainedRun(out, json.loads((out / "summary.json").read_text()), json.loads((out / "breakdown.json").read_text()), time.perf_counter() - started)
 
 
 def free_port() -> int:

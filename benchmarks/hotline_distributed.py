@@ -81,8 +81,14 @@ def main() -> None:
     summaries = {label: median_round(rounds) for label, rounds in harness.interleaved_rounds(systems, args.rounds).items()}
     base = summaries["sharded"]
     base_reduce = base["dense_all_reduce_bytes"] * args.steps
-    runs = {"sharded": {"samples_per_s": base["samples_per_s"], "all_to_all_bytes": base["all_to_all_bytes"], "all_reduce_bytes": base_reduce,
-                        "total_bytes": base["all_to_all_bytes"] + base_reduce}}
+    runs = {
+        "sharded": {
+            "samples_per_s": base["samples_per_s"],
+            "all_to_all_bytes": base["all_to_all_bytes"],
+            "all_reduce_bytes": base_reduce,
+            "total_bytes": base["all_to_all_bytes"] + base_reduce,
+        }
+    }
     for budget in args.budgets:
         s = summaries[f"hotline-{budget}"]
         h = s["hotline"]
@@ -101,9 +107,11 @@ def main() -> None:
         }
     print(f"\n{'run':<16} {'samples/s':>10} {'a2a MB':>9} {'a2a ratio':>10} {'all-reduce MB':>14} {'total ratio':>12} {'popular':>8} {'hot lookups':>12}")
     for label, r in runs.items():
-        print(f"{label:<16} {r['samples_per_s']:>10,.0f} {r['all_to_all_bytes'] / 1e6:>9.1f} {r.get('bytes_ratio_vs_sharded', 1.0):>10.3f} "
-              f"{r['all_reduce_bytes'] / 1e6:>14.1f} {r.get('total_bytes_ratio_vs_sharded', 1.0):>12.3f} "
-              f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f}")
+        print(
+            f"{label:<16} {r['samples_per_s']:>10,.0f} {r['all_to_all_bytes'] / 1e6:>9.1f} {r.get('bytes_ratio_vs_sharded', 1.0):>10.3f} "
+            f"{r['all_reduce_bytes'] / 1e6:>14.1f} {r.get('total_bytes_ratio_vs_sharded', 1.0):>12.3f} "
+            f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f}"
+        )
     harness.finish({"config": vars(args), "baseline": "sharded", "runs": runs}, Path(args.out) / "hotline_distributed.json")
 
 

@@ -101,8 +101,9 @@ def run_dataset(name: str, seeds: list[int], out: Path, threads: int) -> dict:
         result["auc"].append(summary["auc"])
         result["lr"].append(lr["lr"])
         result["lr_best_c"].append(lr["lr_best_c"])
-        print(f"{name:10s} seed {seed}: distrec AUC {summary['auc']:.4f}   LR (C=1) {lr['lr']:.4f}   "
-              f"LR (best C={lr['best_c']}) {lr['lr_best_c']:.4f}", flush=True)
+        print(
+            f"{name:10s} seed {seed}: distrec AUC {summary['auc']:.4f}   LR (C=1) {lr['lr']:.4f}   LR (best C={lr['best_c']}) {lr['lr_best_c']:.4f}", flush=True
+        )
     for key in ("auc", "lr", "lr_best_c"):
         result[f"{key}_mean"] = statistics.fmean(result[key])
     result["auc_std"] = statistics.stdev(result["auc"]) if len(seeds) > 1 else 0.0
@@ -148,8 +149,10 @@ def main() -> None:
     print()
     print(f"{'data set':10s} {'distrec AUC':>18s} {'LR C=1':>8s} {'LR best C':>10s} {'paired gain':>18s} {'seeds won':>9s}")
     for name, r in results.items():
-        print(f"{name:10s} {r['auc_mean']:.4f} +- {r['auc_std']:.4f} {r['lr_mean']:8.4f} {r['lr_best_c_mean']:10.4f} "
-              f"{r['gain']:+.4f} +- {r['gain_std']:.4f} {r['seeds_won']:>6d}/{len(r['auc'])}")
+        print(
+            f"{name:10s} {r['auc_mean']:.4f} +- {r['auc_std']:.4f} {r['lr_mean']:8.4f} {r['lr_best_c_mean']:10.4f} "
+            f"{r['gain']:+.4f} +- {r['gain_std']:.4f} {r['seeds_won']:>6d}/{len(r['auc'])}"
+        )
     plot(results, out / "quality.png")
     harness.finish(results, out / "quality.json")
 

@@ -85,12 +85,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=8, help="timed compute rounds, each running every plan of a task once per device (after one warm-up round)")
     p.add_argument("--steps", type=int, default=9, help="timed training steps per plan, whose median is its cost (after one warm-up step)")
-    p.add_argument("--cost-models", type=Path, help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent")
+    p.add_argument(
+        "--cost-models",
+        type=Path,
+        help="trained cost models (a folder such as ~/.cache/distrec/planner, or a .pt file); collected and trained into --out if absent",
+    )
     p.add_argument("--compute-samples", type=int, default=2000)
     p.add_argument("--comm-samples", type=int, default=500)
     p.add_argument("--out", type=Path, default=Path("runs/sharding"), help="folder for cost data, models, results, figure")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-ablation-tasks", type=int, default=None, help="plan the no-cache ablation (search time only) for the first N tasks of a setting (default all)")
+    p.add_argument(
+        "--cache-ablation-tasks", type=int, default=None, help="plan the no-cache ablation (search time only) for the first N tasks of a setting (default all)"
+    )
     args = p.parse_args()
     if args.quick:
         args.max_dims, args.compute_samples, args.comm_samples = [16, 128], 600, 200
@@ -134,7 +140,10 @@ def plan_task(task, models: CostModels, seed: int, with_no_cache: bool = True) -
 def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> tuple[dict, list[tuple[float, float]]]:
     """Plan and execute every task of one setting; return its summary and (predicted, real) pairs."""
     tasks = generate_tasks(pool, args.tasks, devices, max_dim, seed=args.seed * 1000 + devices * 200 + max_dim)
-    planned = [plan_task(t, models, args.seed + i, i < args.cache_ablation_tasks) for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))]
+    planned = [
+        plan_task(t, models, args.seed + i, i < args.cache_ablation_tasks)
+        for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))
+    ]
     for i in range(len(tasks)):  # the cache changes search time, never the plan
         if "plan" in planned[i].get("neuroshard-no-cache", {}):
             assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard"]["plan"].to_dict()
@@ -265,7 +274,24 @@ def markdown_table(settings: list[dict]) -> str:
         planning = " / ".join(fmt(t, ".3f") for t in s["planning_s"].values())
         ablations = " / ".join(fmt(a[f"neuroshard-{x}"]["mean_ms"]) for x in ("no-split", "no-beam", "no-grid"))
         search = " / ".join(fmt(a[v]["search_time_s"], ".2f") for v in ("neuroshard", "neuroshard-no-split", "neuroshard-no-beam", "neuroshard-no-grid"))
-        lines.append("| " + " | ".join([str(s["devices"]), str(s["max_dim"]), *cells, ratio, fmt(s["ratio_vs_torchrec"], ".3f"), planning, ablations, search, fmt(s["cache_speedup"], ".2f"), fmt(s["pairs_ordered_as_executed"], ".2f")]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    str(s["devices"]),
+                    str(s["max_dim"]),
+                    *cells,
+                    ratio,
+                    fmt(s["ratio_vs_torchrec"], ".3f"),
+                    planning,
+                    ablations,
+                    search,
+                    fmt(s["cache_speedup"], ".2f"),
+                    fmt(s["pairs_ordered_as_executed"], ".2f"),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -191,9 +191,7 @@ def run_worker(setup: Setup, system: str, optimizer: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--optimizer", choices=[*OPTIMIZER_NAMES, "all"], default="all", help="distrec optimizer(s) to measure (default: all)"
-    )
+    parser.add_argument("--optimizer", choices=[*OPTIMIZER_NAMES, "all"], default="all", help="distrec optimizer(s) to measure (default: all)")
     parser.add_argument("--pooling-factor", type=int, default=1, help="indices per bag (default 1)")
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per system; the median is reported")
@@ -217,8 +215,11 @@ def main() -> None:
     optimizers = list(OPTIMIZER_NAMES) if args.optimizer == "all" else [args.optimizer]
     systems = [("baseline", "sgd")] + [("distrec", name) for name in optimizers]
     runs: dict[str, list[dict]] = {f"{s}-{o}" if s == "distrec" else s: [] for s, o in systems}
-    print(f"batch {setup.batch_size}, {setup.num_tables} tables x {setup.table_rows} rows x dim {setup.dim}, "
-          f"pooling {setup.pooling_factor}, {setup.threads} threads, torch {torch.__version__}", flush=True)
+    print(
+        f"batch {setup.batch_size}, {setup.num_tables} tables x {setup.table_rows} rows x dim {setup.dim}, "
+        f"pooling {setup.pooling_factor}, {setup.threads} threads, torch {torch.__version__}",
+        flush=True,
+    )
     for r in range(args.repeats):
         for (system, optimizer), name in zip(systems, runs):
             result = run_worker(setup, system, optimizer)

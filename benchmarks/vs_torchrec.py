@@ -106,8 +106,7 @@ def distrec_overrides(w: Workload) -> list[str]:
 def run_distrec(w: Workload, out: Path) -> float:
     """Train ``w`` with ``distrec train``; samples/s from its breakdown.json."""
     run = out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}"
-    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(run),
-               "--cache-dir", str(out / "cache"), *distrec_overrides(w)]
+    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(run), "--cache-dir", str(out / "cache"), *distrec_overrides(w)]
     if w.procs > 1:
         command += ["--nproc-per-node", str(w.procs), "--sharding", "table_wise"]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -126,8 +125,15 @@ def write_rows(w: Workload, path: Path) -> None:
     from distrec.data.synthetic import SyntheticGenerator
 
     n = w.batch_size * w.procs * BATCHES_PER_RANK
-    cfg = SyntheticConfig(rows=n, num_dense=w.num_dense, num_sparse=w.num_tables, table_rows=w.table_rows,
-                          zipf_exponent=w.zipf_exponent, pooling_factor=w.pooling_factor, seed=w.seed)
+    cfg = SyntheticConfig(
+        rows=n,
+        num_dense=w.num_dense,
+        num_sparse=w.num_tables,
+        table_rows=w.table_rows,
+        zipf_exponent=w.zipf_exponent,
+        pooling_factor=w.pooling_factor,
+        seed=w.seed,
+    )
     chunk = SyntheticGenerator(cfg).generate(0, n)
     # distrec's log transform is already in the generated dense columns; ids lie in [1, table_rows)
     ids = np.stack([values.reshape(n, w.pooling_factor) for values, _ in chunk.sparse], axis=1)  # [n, F, P]
@@ -159,8 +165,13 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
     names = [f"t{i}" for i in range(w.num_tables)]
     tables = [torchrec.EmbeddingBagConfig(name=n, embedding_dim=w.dim, num_embeddings=w.table_rows, feature_names=[n]) for n in names]
     ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    model = DLRM(embedding_bag_collection=ebc, dense_in_features=w.num_dense, dense_arch_layer_sizes=[512, 256, w.dim],
-                 over_arch_layer_sizes=[512, 256, 1], dense_device=torch.device("cpu"))
+    model = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=w.num_dense,
+        dense_arch_layer_sizes=[512, 256, w.dim],
+        over_arch_layer_sizes=[512, 256, 1],
+        dense_device=torch.device("cpu"),
+    )
     if w.optimizer == "sgd":
         apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": w.lr})
     else:  # fused as EXACT_ROWWISE_ADAGRAD
@@ -170,8 +181,7 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
     plan = planner.collective_plan(model, None, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
     dense_kind = torch.optim.SGD if w.optimizer == "sgd" else torch.optim.Adagrad
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                  lambda params: dense_kind(params, lr=w.lr, fused=True))
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: dense_kind(params, lr=w.lr, fused=True))
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
 
     data = np.load(rows_path)
@@ -270,7 +280,10 @@ def main() -> None:
         for r in range(args.rounds):
             for w in workloads:
                 # alternate which side goes first, so neither always follows the other
-                sides = [("distrec", lambda: run_distrec(w, out)), ("torchrec", lambda: run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)]))]
+                sides = [
+                    ("distrec", lambda: run_distrec(w, out)),
+                    ("torchrec", lambda: run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)])),
+                ]
                 for side, run in sides if r % 2 == 0 else sides[::-1]:
                     speeds[w][side].append(run())
                 d, t = speeds[w]["distrec"][-1], speeds[w]["torchrec"][-1]
@@ -280,11 +293,18 @@ def main() -> None:
     print(f"\n{'pooling':>7} {'procs':>5} {'optimizer':>9} {'distrec/s':>10} {'torchrec/s':>10} {'ratio':>6}")
     for w, s in speeds.items():
         d, t = statistics.median(s["distrec"]), statistics.median(s["torchrec"])
-        results.append({
-            "pooling_factor": w.pooling_factor, "procs": w.procs, "optimizer": w.optimizer,
-            "distrec_samples_per_s": round(d), "torchrec_samples_per_s": round(t), "ratio": round(d / t, 3),
-            "distrec_rounds": [round(x) for x in s["distrec"]], "torchrec_rounds": [round(x) for x in s["torchrec"]],
-        })
+        results.append(
+            {
+                "pooling_factor": w.pooling_factor,
+                "procs": w.procs,
+                "optimizer": w.optimizer,
+                "distrec_samples_per_s": round(d),
+                "torchrec_samples_per_s": round(t),
+                "ratio": round(d / t, 3),
+                "distrec_rounds": [round(x) for x in s["distrec"]],
+                "torchrec_rounds": [round(x) for x in s["torchrec"]],
+            }
+        )
         print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f}")
     config = {k: v for k, v in vars(args).items() if k != "torchrec_worker"}
     print(json.dumps({"config": config, "distribution": args.distribution, "results": results}))

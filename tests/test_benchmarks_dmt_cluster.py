@@ -11,9 +11,34 @@ BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "dmt_cluster.py
 
 
 def test_dmt_cluster_runs_without_namespaces(tmp_path):
-    argv = [sys.executable, str(BENCHMARK), "--no-netns", "--hosts", "1", "--ranks-per-host", "2", "--features", "6",
-            "--dim", "8", "--table-rows", "200", "--global-batch", "128", "--eval-rows", "256", "--steps", "6",
-            "--warmup", "2", "--compressions", "2", "4", "--out", str(tmp_path)]
+    argv = [
+        sys.executable,
+        str(BENCHMARK),
+        "--no-netns",
+        "--hosts",
+        "1",
+        "--ranks-per-host",
+        "2",
+        "--features",
+        "6",
+        "--dim",
+        "8",
+        "--table-rows",
+        "200",
+        "--global-batch",
+        "128",
+        "--eval-rows",
+        "256",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--compressions",
+        "2",
+        "4",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

@@ -19,8 +19,23 @@ from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
 
-TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
-        "--set", "train.threads=1", "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad", "--no-progress"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "data.synthetic.rows=600",
+    "--set",
+    "data.synthetic.table_rows=50",
+    "--set",
+    "train.threads=1",
+    "--batch-size",
+    "64",
+    "--seed",
+    "5",
+    "--optimizer",
+    "adagrad",
+    "--no-progress",
+]
 
 # Runs `distrec ARGV` in a fresh process whose torch.save writes part of a file and then
 # kills the process on the spot (no clean-up handlers run, as with SIGKILL or a power cut).
@@ -60,8 +75,12 @@ def test_run_killed_mid_save_keeps_the_previous_checkpoint_and_resumes_exactly(t
     run = tmp_path / "run"
     train(*TINY, "--max-steps", 4, "--out", run)
     before = parameters(run)
-    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAVE, "train", "--resume", str(run), "--max-steps", "8", "--no-progress"],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_SAVE, "train", "--resume", str(run), "--max-steps", "8", "--no-progress"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == 9, killed.stderr
     assert any(p.name.endswith(".tmp") for p in run.iterdir())  # the half-written checkpoint is left behind
     assert read_meta(find_checkpoint(run))["step"] == 4
@@ -255,8 +274,13 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", save_until_full)
-    line = assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 8, "--out", run, "--overwrite"],
-                          f"no space left to save the checkpoint {str(run / 'checkpoint')!r}", "MiB", "previous checkpoint is intact")
+    line = assert_one_line_error(
+        capsys,
+        ["train", *TINY, "--max-steps", 8, "--out", run, "--overwrite"],
+        f"no space left to save the checkpoint {str(run / 'checkpoint')!r}",
+        "MiB",
+        "previous checkpoint is intact",
+    )
     monkeypatch.undo()
     needed = float(line.split("needs about ")[1].split(" MiB")[0].replace(",", ""))
     assert needed * 2**20 >= 0.9 * (run / "checkpoint" / "state-rank0.pt").stat().st_size

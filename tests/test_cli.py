@@ -61,8 +61,26 @@ def criteo_run(tmp_path_factory, synthetic_tsv):
     """A run directory trained on ``synthetic_tsv`` read as Criteo."""
     out = tmp_path_factory.mktemp("run") / "run"
     cache = tmp_path_factory.mktemp("cache")
-    argv = ["train", "--preset", "tiny", "--data-format", "criteo", "--data", str(synthetic_tsv), "--cache-dir", str(cache),
-            "--max-ind-range", "64", "--batch-size", "64", "--max-steps", "6", "--no-progress", "--out", str(out)]
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "--data-format",
+        "criteo",
+        "--data",
+        str(synthetic_tsv),
+        "--cache-dir",
+        str(cache),
+        "--max-ind-range",
+        "64",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        "6",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     return out
 
@@ -98,8 +116,7 @@ def test_train_writes_the_run_directory(capsys, tmp_path):
 
 
 def test_data_synth_then_prepare_reports_rows(capsys, tmp_path, synthetic_tsv):
-    status, stdout, _ = run_cli(capsys, "data", "prepare", "--data-format", "criteo", "--data", synthetic_tsv,
-                                "--cache-dir", tmp_path / "c", "--no-progress")
+    status, stdout, _ = run_cli(capsys, "data", "prepare", "--data-format", "criteo", "--data", synthetic_tsv, "--cache-dir", tmp_path / "c", "--no-progress")
     assert status == 0
     result = json.loads(stdout)
     assert result["rows"] == 600 and result["malformed_rows"] == 0
@@ -116,13 +133,11 @@ def test_data_prepare_counts_and_locates_bad_rows(capsys, tmp_path, synthetic_ts
     assert status == 0
     result = json.loads(stdout)
     assert (result["rows"], result["malformed_rows"], result["malformed_lines"]) == (598, 2, [3, 5])
-    assert_one_line_error(capsys, ["data", "prepare", "--data-format", "criteo", "--data", bad, "--strict", "--no-progress"],
-                          "line 3", "--strict")
+    assert_one_line_error(capsys, ["data", "prepare", "--data-format", "criteo", "--data", bad, "--strict", "--no-progress"], "line 3", "--strict")
 
 
 def test_evaluate_prints_one_json_object(capsys, criteo_run, synthetic_tsv):
-    status, stdout, _ = run_cli(capsys, "evaluate", "--checkpoint", criteo_run, "--data", synthetic_tsv,
-                                "--data-format", "criteo", "--no-progress")
+    status, stdout, _ = run_cli(capsys, "evaluate", "--checkpoint", criteo_run, "--data", synthetic_tsv, "--data-format", "criteo", "--no-progress")
     assert status == 0
     result = json.loads(stdout)
     assert {"auc", "logloss", "accuracy", "rows"} <= set(result) and result["rows"] == 600
@@ -137,22 +152,42 @@ def test_train_on_csv_and_evaluate_on_parquet_with_a_schema(capsys, tmp_path):
 
     rng = np.random.default_rng(0)
     n = 400
-    table = pa.table({
-        "user": [f"u{i}" for i in rng.integers(0, 30, n)],
-        "tags": ["|".join(f"t{t}" for t in rng.choice(8, rng.integers(0, 4), replace=False)) for _ in range(n)],
-        "age": rng.integers(18, 70, n),
-        "rating": rng.integers(1, 6, n),
-    })
+    table = pa.table(
+        {
+            "user": [f"u{i}" for i in rng.integers(0, 30, n)],
+            "tags": ["|".join(f"t{t}" for t in rng.choice(8, rng.integers(0, 4), replace=False)) for _ in range(n)],
+            "age": rng.integers(18, 70, n),
+            "rating": rng.integers(1, 6, n),
+        }
+    )
     pacsv.write_csv(table, tmp_path / "ratings.csv")
     pq.write_table(table, tmp_path / "ratings.parquet")
     schema = tmp_path / "schema.yaml"
     schema.write_text("label: rating\nthreshold: 4\ndense: [age]\ncategorical: [user, {name: tags, separator: '|'}]\n")
     run = tmp_path / "run"
-    status, stdout, _ = run_cli(capsys, "train", "--preset", "tiny", "--data-format", "csv", "--data", tmp_path / "ratings.csv",
-                                "--schema", schema, "--batch-size", "32", "--max-steps", "3", "--out", run, "--no-progress")
+    status, stdout, _ = run_cli(
+        capsys,
+        "train",
+        "--preset",
+        "tiny",
+        "--data-format",
+        "csv",
+        "--data",
+        tmp_path / "ratings.csv",
+        "--schema",
+        schema,
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "3",
+        "--out",
+        run,
+        "--no-progress",
+    )
     assert status == 0 and json.loads(stdout)["train_rows"] == 360
-    status, stdout, _ = run_cli(capsys, "evaluate", "--checkpoint", run, "--data", tmp_path / "ratings.parquet",
-                                "--data-format", "parquet", "--schema", schema, "--no-progress")
+    status, stdout, _ = run_cli(
+        capsys, "evaluate", "--checkpoint", run, "--data", tmp_path / "ratings.parquet", "--data-format", "parquet", "--schema", schema, "--no-progress"
+    )
     assert status == 0 and json.loads(stdout)["rows"] == n
 
 
@@ -190,15 +225,29 @@ def test_empty_and_all_malformed_data_sets(capsys, tmp_path):
     assert_one_line_error(capsys, ["train", "--data-format", "criteo", "--data", empty, "--no-progress"], "no valid rows")
     junk = tmp_path / "junk.tsv"
     junk.write_text("a\tb\nc\n")
-    assert_one_line_error(capsys, ["train", "--data-format", "criteo", "--data", junk, "--no-progress"],
-                          "no valid rows", "skipped 2 malformed row(s)")
+    assert_one_line_error(capsys, ["train", "--data-format", "criteo", "--data", junk, "--no-progress"], "no valid rows", "skipped 2 malformed row(s)")
 
 
 def test_data_format_from_the_config_file(capsys, tmp_path, synthetic_tsv):
     config = tmp_path / "criteo.yaml"
     config.write_text("data:\n  format: criteo\nmodel:\n  preset: tiny\n")
-    status, stdout, _ = run_cli(capsys, "train", "--config", config, "--data", synthetic_tsv, "--max-ind-range", "64",
-                                "--batch-size", "64", "--max-steps", "2", "--out", tmp_path / "run", "--no-progress")
+    status, stdout, _ = run_cli(
+        capsys,
+        "train",
+        "--config",
+        config,
+        "--data",
+        synthetic_tsv,
+        "--max-ind-range",
+        "64",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        "2",
+        "--out",
+        tmp_path / "run",
+        "--no-progress",
+    )
     assert status == 0 and json.loads(stdout)["train_rows"] == 540
 
 
@@ -214,21 +263,37 @@ def test_bad_config_files(capsys, tmp_path):
 def test_resume_errors(capsys, tmp_path, criteo_run):
     not_a_run = tmp_path / "not_a_run"
     not_a_run.mkdir()
-    assert_one_line_error(capsys, ["train", "--resume", not_a_run, "--max-steps", "10", "--no-progress"],
-                          "cannot resume", "--out directory")
-    assert_one_line_error(capsys, ["train", "--resume", criteo_run, "--lr", "0.5", "--no-progress"],
-                          "--lr cannot change a resumed run")
+    assert_one_line_error(capsys, ["train", "--resume", not_a_run, "--max-steps", "10", "--no-progress"], "cannot resume", "--out directory")
+    assert_one_line_error(capsys, ["train", "--resume", criteo_run, "--lr", "0.5", "--no-progress"], "--lr cannot change a resumed run")
 
 
 def test_evaluate_errors(capsys, tmp_path, criteo_run, shared_data):
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", tmp_path, "--data", "x", "--data-format", "criteo"], "holds no checkpoint")
-    assert_one_line_error(capsys, ["evaluate", "--checkpoint", criteo_run, "--data", shared_data / "movielens",
-                                   "--data-format", "movielens", "--no-progress"], "different features")
+    assert_one_line_error(
+        capsys,
+        ["evaluate", "--checkpoint", criteo_run, "--data", shared_data / "movielens", "--data-format", "movielens", "--no-progress"],
+        "different features",
+    )
 
 
 def test_train_with_tower_modules_prints_the_dmt_costs(capsys, tmp_path):
-    status, stdout, _ = run_cli(capsys, "train", *TINY_RUN, "--tower-module", "dlrm", "--compression", "2", "--tower-p", "2",
-                                "--hosts", "2", "--ranks-per-host", "1", "--out", tmp_path / "run")
+    status, stdout, _ = run_cli(
+        capsys,
+        "train",
+        *TINY_RUN,
+        "--tower-module",
+        "dlrm",
+        "--compression",
+        "2",
+        "--tower-p",
+        "2",
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--out",
+        tmp_path / "run",
+    )
     assert status == 0
     line, last = stdout.strip().splitlines()[-2:]
     cost = json.loads(last)["dmt"]

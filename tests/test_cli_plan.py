@@ -65,7 +65,9 @@ def test_neuroshard_plan_is_written_valid_and_reported(tables_file, cost_models_
     assert all((s.col_end - s.col_start) % 4 == 0 for p in plan.tables for s in p.shards)
     summary = json.loads(printed.splitlines()[-1])
     assert summary["algorithm"] == "neuroshard" and summary["devices"] == 2 and 0 <= summary["cache_hit_rate"] <= 1
-    assert "predicted cost (max over devices)" in printed and "cache hit rate" in printed and "measured on cpu test cpu" in printed and printed.count("rank ") == 2
+    assert (
+        "predicted cost (max over devices)" in printed and "cache hit rate" in printed and "measured on cpu test cpu" in printed and printed.count("rank ") == 2
+    )
 
 
 def test_constraints_are_honoured(tables_file, cost_models_dir, tmp_path):
@@ -87,10 +89,31 @@ def test_heuristics_need_no_cost_models(tables_file, tmp_path, algorithm):
 def test_tables_measured_from_a_prepared_data_set(tmp_path, capsys):
     out = tmp_path / "plan.json"
     status = plan_cli(
-        "--data-format", "synthetic", "--set", "data.synthetic.rows=3000", "--set", "data.synthetic.num_sparse=4",
-        "--set", "data.synthetic.pooling_factor=3", "--set", "data.max_ind_range=500", "--cache-dir", tmp_path / "data",
-        "--dim", 8, "--batch-size", 512, "--no-progress", "--devices", 2, "--memory-per-device", "1MB",
-        "--algorithm", "lookup-greedy", "-o", out,
+        "--data-format",
+        "synthetic",
+        "--set",
+        "data.synthetic.rows=3000",
+        "--set",
+        "data.synthetic.num_sparse=4",
+        "--set",
+        "data.synthetic.pooling_factor=3",
+        "--set",
+        "data.max_ind_range=500",
+        "--cache-dir",
+        tmp_path / "data",
+        "--dim",
+        8,
+        "--batch-size",
+        512,
+        "--no-progress",
+        "--devices",
+        2,
+        "--memory-per-device",
+        "1MB",
+        "--algorithm",
+        "lookup-greedy",
+        "-o",
+        out,
     )
     assert status == 0
     plan = ShardingPlan.load(out)
@@ -100,8 +123,23 @@ def test_tables_measured_from_a_prepared_data_set(tmp_path, capsys):
 
 def test_collect_then_train_from_the_default_folder(tmp_path, capsys):
     status = main(
-        ["plan", "collect", "--devices", "2", "--compute-samples", "12", "--comm-samples", "12", "--batch-size", "32",
-         "--max-dim", "8", "--device", "cpu", "--no-progress"]
+        [
+            "plan",
+            "collect",
+            "--devices",
+            "2",
+            "--compute-samples",
+            "12",
+            "--comm-samples",
+            "12",
+            "--batch-size",
+            "32",
+            "--max-dim",
+            "8",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
     )
     assert status == 0
     data = tmp_path / "cache" / "planner" / COST_DATA_FILE
@@ -132,11 +170,26 @@ def test_user_errors_are_one_line(tables_file, cost_models_dir, tmp_path, capsys
     assert "outside 0..1" in user_error(capsys, *with_models, "--pin", "user=5")
     assert "table=rank" in user_error(capsys, *with_models, "--pin", "user")
     assert "needs 2.4 MiB on one device whole" in user_error(
-        capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "2MB", "-o", tmp_path / "p.json",
-        "--cost-models", cost_models_dir, "--no-split", "user",
+        capsys,
+        "--tables",
+        tables_file,
+        "--devices",
+        2,
+        "--memory-per-device",
+        "2MB",
+        "-o",
+        tmp_path / "p.json",
+        "--cost-models",
+        cost_models_dir,
+        "--no-split",
+        "user",
     )
-    assert "use more devices" in user_error(capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "2MB", "-o", tmp_path / "p.json", "--algorithm", "dim-greedy")
-    assert "no communication model for 4 devices" in user_error(capsys, "--tables", tables_file, "--devices", 4, "--memory-per-device", "3MB", "-o", tmp_path / "p.json", "--cost-models", cost_models_dir)
+    assert "use more devices" in user_error(
+        capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "2MB", "-o", tmp_path / "p.json", "--algorithm", "dim-greedy"
+    )
+    assert "no communication model for 4 devices" in user_error(
+        capsys, "--tables", tables_file, "--devices", 4, "--memory-per-device", "3MB", "-o", tmp_path / "p.json", "--cost-models", cost_models_dir
+    )
     assert "not a size" in user_error(capsys, "--tables", tables_file, "--devices", 2, "--memory-per-device", "lots", "-o", tmp_path / "p.json")
     assert "exactly one of --tables" in user_error(capsys, *base)
     assert "exactly one of --tables" in user_error(capsys, "--tables", tables_file, "--data-format", "synthetic", *base)

@@ -17,8 +17,7 @@ from distrec.train.checkpoint import find_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
 
-TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
-        "--batch-size", "64", "--no-progress"]
+TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50", "--batch-size", "64", "--no-progress"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -36,8 +35,9 @@ def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
     assert main(["train", *TINY, "--max-steps", "2", "--out", str(run)]) == 0
     capsys.readouterr()
     before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
-    assert_one_line_error(capsys, ["train", *TINY, "--max-steps", 3, "--out", run], f"--out {str(run)!r} already holds files",
-                   "checkpoint", "--resume", "--overwrite")
+    assert_one_line_error(
+        capsys, ["train", *TINY, "--max-steps", 3, "--out", run], f"--out {str(run)!r} already holds files", "checkpoint", "--resume", "--overwrite"
+    )
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing touched
     assert main(["train", *TINY, "--max-steps", "3", "--out", str(run), "--overwrite"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 3
@@ -86,8 +86,9 @@ def start_training(out, *argv):
     """A long training run in its own process group (as a shell starts a foreground job),
     returned once its first checkpoint is written."""
     argv = ["train", *TINY, "--max-steps", "100000", "--set", "train.checkpoint_every=5", "--out", str(out), *map(str, argv)]
-    proc = subprocess.Popen([sys.executable, "-m", "distrec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
     deadline = time.monotonic() + 240
     while not (out / "checkpoint" / "meta.json").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -91,8 +91,12 @@ def test_lr_flag_must_be_finite(tmp_path, flag):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "distrec", "train", "--max-steps", "1", f"--lr={flag}", "--out", str(tmp_path / "r")],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "distrec", "train", "--max-steps", "1", f"--lr={flag}", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 2 and run.stderr.startswith("distrec: error: train.lr is ")
     assert run.stderr.rstrip().endswith("it must be a finite number") and run.stderr.count("\n") == 1
 

@@ -91,13 +91,16 @@ def test_lenient_cache_reused_in_strict_mode_still_fails(tmp_path):
         prepare(DataConfig(path=str(data), format="criteo", strict=True), root, progress=False)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (DataConfig(path="/no/such/file.tsv", format="criteo"), "not found; check --data"),
-    (DataConfig(path="/no/such/dir", format="movielens"), "not found; check --data"),
-    (DataConfig(path=None, format="criteo"), "needs --data"),
-    (DataConfig(path="x.csv", format="csv"), "needs --schema"),
-    (DataConfig(path="x.tsv", format="synthetic"), "drop --data"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (DataConfig(path="/no/such/file.tsv", format="criteo"), "not found; check --data"),
+        (DataConfig(path="/no/such/dir", format="movielens"), "not found; check --data"),
+        (DataConfig(path=None, format="criteo"), "needs --data"),
+        (DataConfig(path="x.csv", format="csv"), "needs --schema"),
+        (DataConfig(path="x.tsv", format="synthetic"), "drop --data"),
+    ],
+)
 def test_input_errors(tmp_path, cfg, message):
     with pytest.raises(DistrecError, match=message):
         prepare(cfg, tmp_path, progress=False)
@@ -201,8 +204,11 @@ def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, 
     # issue 23.6: the skipped rows are reported again when the cache is reused
     assert "skipped 1 malformed row(s); first at line 2" in caplog.text
     other = write_criteo(tmp_path / "e.tsv", [criteo_line()])
-    with pytest.raises(DistrecError, match=r"cache directory .*cache is not writable \(Read-only file system\) and holds "
-                                           r"no complete cache of .*e\.tsv; pass a writable --cache-dir"):
+    with pytest.raises(
+        DistrecError,
+        match=r"cache directory .*cache is not writable \(Read-only file system\) and holds "
+        r"no complete cache of .*e\.tsv; pass a writable --cache-dir",
+    ):
         prepare(DataConfig(path=str(other), format="criteo"), root, progress=False)
 
 
@@ -216,8 +222,11 @@ def test_full_disk_names_the_cache_dir_and_the_space_needed(shared_data, tmp_pat
     full_size = sum(f.stat().st_size for f in prepare(cfg, tmp_path / "roomy", progress=False).iterdir())
     root = tmp_path / "cache"
     monkeypatch.setattr(cache, "open", _refusing_writes(errno.ENOSPC, after_bytes=300_000), raising=False)
-    with pytest.raises(DistrecError, match=r"no space left on the disk of .*cache for the cache of .*criteo_kaggle_sample"
-                                           r"\.tsv: it needs about [\d.]+ MB .*pass --cache-dir on a larger disk") as e:
+    with pytest.raises(
+        DistrecError,
+        match=r"no space left on the disk of .*cache for the cache of .*criteo_kaggle_sample"
+        r"\.tsv: it needs about [\d.]+ MB .*pass --cache-dir on a larger disk",
+    ) as e:
         prepare(cfg, root, progress=False)
     needed = float(re.search(r"about ([\d.]+) MB", str(e.value)).group(1)) * 1e6
     assert needed == pytest.approx(full_size, rel=0.1)

@@ -38,16 +38,16 @@ def test_empty_fields_negative_ints_and_hashes(tmp_path):
 
 def test_malformed_rows_skipped_counted_and_located(tmp_path):
     lines = [
-        criteo_line("0"),                                   # 1 ok
-        "\t".join(["1"] * 39),                              # 2 too few columns
-        criteo_line("1"),                                   # 3 ok
-        criteo_line("0") + "\textra",                       # 4 too many columns
-        criteo_line("0", ints=["x1"] + ["1"] * 12),         # 5 non-numeric integer
-        criteo_line("1", ints=["1.5"] + ["1"] * 12),        # 6 not an integer
-        criteo_line("0", cats=["zz"] + ["1"] * 25),         # 7 not hex
-        criteo_line("2"),                                   # 8 label not 0/1
-        "",                                                 # 9 empty line
-        criteo_line("1"),                                   # 10 ok
+        criteo_line("0"),  # 1 ok
+        "\t".join(["1"] * 39),  # 2 too few columns
+        criteo_line("1"),  # 3 ok
+        criteo_line("0") + "\textra",  # 4 too many columns
+        criteo_line("0", ints=["x1"] + ["1"] * 12),  # 5 non-numeric integer
+        criteo_line("1", ints=["1.5"] + ["1"] * 12),  # 6 not an integer
+        criteo_line("0", cats=["zz"] + ["1"] * 25),  # 7 not hex
+        criteo_line("2"),  # 8 label not 0/1
+        "",  # 9 empty line
+        criteo_line("1"),  # 10 ok
     ]
     source, chunk = read_all(write(tmp_path / "bad.tsv", lines), chunk_rows=2)
     assert chunk.labels.tolist() == [0.0, 1.0, 1.0]
@@ -99,8 +99,7 @@ def test_writer_round_trip(tmp_path):
     n = 50
     counts = rng.integers(0, 1000, (n, 13))
     raw = [np.where(rng.random(n) < 0.2, 0, rng.integers(1, 1 << 32, n)) for _ in range(26)]
-    chunk = Chunk(np.log1p(counts).astype(np.float32), (rng.random(n) < 0.3).astype(np.float32),
-                  [(r, np.ones(n, np.int32)) for r in raw])
+    chunk = Chunk(np.log1p(counts).astype(np.float32), (rng.random(n) < 0.3).astype(np.float32), [(r, np.ones(n, np.int32)) for r in raw])
     with CriteoWriter(tmp_path / "out.tsv.gz") as writer:
         writer.write(chunk)
     _, back = read_all(tmp_path / "out.tsv.gz")

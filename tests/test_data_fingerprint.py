@@ -36,12 +36,15 @@ def test_size_and_sampled_content_are_compared_mtime_is_not(tmp_path):
     refused(saved, fingerprint(cfg), f"({size:,} bytes then, {size + 1:,} now)")
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"max_ind_range": 2000}, "data.max_ind_range was 1000 when the run started and is 2000 now"),
-    ({"split": "random:0.2"}, "data.split was 'random:0.1'"),
-    ({"table_sizes": {"C1": 10}}, "data.table_sizes was {}"),
-    ({"format": "csv", "schema": "s.yaml"}, "data.format was 'criteo'"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"max_ind_range": 2000}, "data.max_ind_range was 1000 when the run started and is 2000 now"),
+        ({"split": "random:0.2"}, "data.split was 'random:0.1'"),
+        ({"table_sizes": {"C1": 10}}, "data.table_sizes was {}"),
+        ({"format": "csv", "schema": "s.yaml"}, "data.format was 'criteo'"),
+    ],
+)
 def test_changed_data_settings_are_refused(tmp_path, change, fragment):
     data = tmp_path / "d.tsv"
     data.write_text("x\n")
@@ -116,8 +119,12 @@ def test_resume_refuses_changed_data_with_one_line(criteo_run, tmp_path, capsys,
     edited = dict(config, data=dict(config["data"], path="d.tsv"))
     (run_dir / "config.yaml").write_text(yaml.safe_dump(edited))
     status, err = run(capsys, "train", "--resume", run_dir, "--max-steps", "4")
-    assert status == 2 and err == [(f"distrec: error: cannot resume on different data: data.path was {str(data)!r} when the "
-                                    f"run started and is {str(other / 'd.tsv')!r} now; restore it, or train a new run with --out")]
+    assert status == 2 and err == [
+        (
+            f"distrec: error: cannot resume on different data: data.path was {str(data)!r} when the "
+            f"run started and is {str(other / 'd.tsv')!r} now; restore it, or train a new run with --out"
+        )
+    ]
 
     # an edited max_ind_range rehashes every row
     edited = dict(config, data=dict(config["data"], max_ind_range=128))

@@ -18,8 +18,7 @@ def tiny_movielens(root, ratings):
     flags_a[1] = flags_a[2] = "1"  # Action, Adventure
     flags_b = ["0"] * 19
     (root / "u.item").write_bytes(
-        ("1|Am\xe9lie (2001)|01-Jan-2001||http://x|" + "|".join(flags_a) + "\n"
-         "2|unknown||||" + "|".join(flags_b) + "\n").encode("latin-1")
+        ("1|Am\xe9lie (2001)|01-Jan-2001||http://x|" + "|".join(flags_a) + "\n2|unknown||||" + "|".join(flags_b) + "\n").encode("latin-1")
     )
     (root / "u.data").write_text("".join(line + "\n" for line in ratings))
     return root
@@ -48,15 +47,18 @@ def test_sample_rows_labels_and_features(shared_data):
 
 
 def test_side_tables_and_bad_ratings(tmp_path):
-    root = tiny_movielens(tmp_path / "ml", [
-        "1\t1\t5\t874627200",   # ok
-        "2\t2\t3\t874627200",   # ok
-        "9\t1\t5\t874627200",   # unknown user
-        "1\t7\t5\t874627200",   # unknown item
-        "1\tx\t5\t874627200",   # non-numeric
-        "1\t1\t5",              # too few columns
-        "3\t1\t4\t906163200",   # ok
-    ])
+    root = tiny_movielens(
+        tmp_path / "ml",
+        [
+            "1\t1\t5\t874627200",  # ok
+            "2\t2\t3\t874627200",  # ok
+            "9\t1\t5\t874627200",  # unknown user
+            "1\t7\t5\t874627200",  # unknown item
+            "1\tx\t5\t874627200",  # non-numeric
+            "1\t1\t5",  # too few columns
+            "3\t1\t4\t906163200",  # ok
+        ],
+    )
     source, chunk = read_all(root, chunk_rows=2)
     assert chunk.labels.tolist() == [1.0, 0.0, 1.0]
     assert source.malformed.count == 4
@@ -85,8 +87,9 @@ def test_strict_mode(tmp_path):
 
 def test_ratings_outside_one_to_five_are_malformed(tmp_path):
     # issue 23.6: a rating of 9 was accepted (and labelled liked)
-    root = tiny_movielens(tmp_path / "ml", ["1\t1\t9\t874627200", "1\t1\t0\t874627200", "2\t2\t4\t874627200",
-                                            "1\t2\t-1\t874627200", "1\t1\t99999999999999999999\t874627200"])
+    root = tiny_movielens(
+        tmp_path / "ml", ["1\t1\t9\t874627200", "1\t1\t0\t874627200", "2\t2\t4\t874627200", "1\t2\t-1\t874627200", "1\t1\t99999999999999999999\t874627200"]
+    )
     source, chunk = read_all(root)
     assert chunk.labels.tolist() == [1.0] and source.malformed.count == 4
     assert [line for line, _ in source.malformed.first] == [1, 2, 4, 5]

@@ -63,8 +63,16 @@ def test_zipf_exponent_per_table():
 def test_zipf_exponents_per_table_from_the_config():
     from distrec import config
 
-    cfg = config.load(None, ["data.synthetic.rows=3000", "data.synthetic.table_rows=1000", "data.synthetic.seed=5",
-                             "data.synthetic.num_sparse=2", "data.synthetic.zipf_exponents=[0, 1.5]"]).data.synthetic
+    cfg = config.load(
+        None,
+        [
+            "data.synthetic.rows=3000",
+            "data.synthetic.table_rows=1000",
+            "data.synthetic.seed=5",
+            "data.synthetic.num_sparse=2",
+            "data.synthetic.zipf_exponents=[0, 1.5]",
+        ],
+    ).data.synthetic
     assert_chunks_equal(SyntheticGenerator(cfg).generate(0, 3000), SyntheticGenerator(small(num_sparse=2), exponents=[0.0, 1.5]).generate(0, 3000))
 
 
@@ -141,8 +149,14 @@ def test_synthesize_needs_the_criteo_shape(tmp_path):
 def test_zipf_sampler_equals_binary_search(ranks, exponent):
     sampler = ZipfSampler(ranks, exponent)
     grid = np.arange(ranks) / ranks
-    u = np.concatenate([
-        np.random.default_rng(0).random(50_000), sampler.cdf[:-1], np.nextafter(sampler.cdf[:-1], 0),
-        grid, np.nextafter(grid[1:], 0), [np.nextafter(1.0, 0)],
-    ])
+    u = np.concatenate(
+        [
+            np.random.default_rng(0).random(50_000),
+            sampler.cdf[:-1],
+            np.nextafter(sampler.cdf[:-1], 0),
+            grid,
+            np.nextafter(grid[1:], 0),
+            [np.nextafter(1.0, 0)],
+        ]
+    )
     np.testing.assert_array_equal(sampler.ranks(u), np.searchsorted(sampler.cdf, u, side="right"))

@@ -56,10 +56,15 @@ def test_csv_with_schema(tmp_path):
 
 def test_parquet_matches_csv_and_list_columns(tmp_path):
     schema = write(tmp_path / "s.yaml", SCHEMA)
-    table = pa.table({
-        "user": ["u1", "u2", "u3"], "age": [20, None, 40], "rating": [5.0, 3.0, 4.0],
-        "price": [1.5, 2.0, 1.0], "tags": [["a", "b"], None, ["c"]],
-    })
+    table = pa.table(
+        {
+            "user": ["u1", "u2", "u3"],
+            "age": [20, None, 40],
+            "rating": [5.0, 3.0, 4.0],
+            "price": [1.5, 2.0, 1.0],
+            "tags": [["a", "b"], None, ["c"]],
+        }
+    )
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=2)
     source, chunk = read_all(tmp_path / "d.parquet", schema, "parquet", chunk_rows=2)
     assert source.features[1].multi_hot
@@ -86,9 +91,30 @@ def test_strict_mode(tmp_path):
 
 
 def test_avazu_sample(shared_data, tmp_path):
-    columns = ["hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
-               "app_category", "device_id", "device_ip", "device_model", "device_type", "device_conn_type",
-               "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21"]
+    columns = [
+        "hour",
+        "C1",
+        "banner_pos",
+        "site_id",
+        "site_domain",
+        "site_category",
+        "app_id",
+        "app_domain",
+        "app_category",
+        "device_id",
+        "device_ip",
+        "device_model",
+        "device_type",
+        "device_conn_type",
+        "C14",
+        "C15",
+        "C16",
+        "C17",
+        "C18",
+        "C19",
+        "C20",
+        "C21",
+    ]
     schema = write(tmp_path / "avazu.yaml", "label: click\ncategorical: [" + ", ".join(columns) + "]\n")
     source, chunk = read_all(shared_data / "avazu" / "avazu_sample.csv", schema, "csv", chunk_rows=100)
     assert chunk.num_rows == 499 and source.malformed.count == 0
@@ -105,18 +131,21 @@ def test_fnv1a_reference_value():
     assert hash_strings(pa.array([7])).tolist() == hash_strings(pa.array(["7"])).tolist()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("label: [unclosed", "not valid YAML"),
-    ("- a\n- b\n", "must be a mapping"),
-    ("dense: [x]\n", "`label:` must name"),
-    ("label: y\ncategorical: [c]\nlables: 1\n", "unknown key 'lables'"),
-    ("label: y\n", "at least one"),
-    ("label: y\ndense: x\n", "`dense:` must be a list"),
-    ("label: y\ndense: [x]\nthreshold: high\n", "`threshold:` must be a number"),
-    ("label: y\ndense: [x]\nheader: false\n", "needs `columns:`"),
-    ("label: y\ndense: [x, x]\n", "used twice"),
-    ("label: y\ncategorical: [{name: t, sep: ','}]\n", "categorical entry"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("label: [unclosed", "not valid YAML"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("dense: [x]\n", "`label:` must name"),
+        ("label: y\ncategorical: [c]\nlables: 1\n", "unknown key 'lables'"),
+        ("label: y\n", "at least one"),
+        ("label: y\ndense: x\n", "`dense:` must be a list"),
+        ("label: y\ndense: [x]\nthreshold: high\n", "`threshold:` must be a number"),
+        ("label: y\ndense: [x]\nheader: false\n", "needs `columns:`"),
+        ("label: y\ndense: [x, x]\n", "used twice"),
+        ("label: y\ncategorical: [{name: t, sep: ','}]\n", "categorical entry"),
+    ],
+)
 def test_schema_errors(tmp_path, text, message):
     with pytest.raises(DistrecError, match=message):
         load_schema(write(tmp_path / "s.yaml", text))
@@ -166,8 +195,7 @@ def test_non_finite_and_float32_overflow_dense_values_are_malformed(tmp_path):
 def test_parquet_infinite_and_float32_overflow_are_malformed_nan_is_missing(tmp_path):
     schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
     a = [1e39, np.inf, np.nan, 2.5, -np.inf]
-    pq.write_table(pa.table({"y": [1.0, 0.0, 1.0, 0.0, np.inf], "a": pa.array(a, pa.float64()),
-                             "c": list("xyzwv")}), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"y": [1.0, 0.0, 1.0, 0.0, np.inf], "a": pa.array(a, pa.float64()), "c": list("xyzwv")}), tmp_path / "d.parquet")
     source, chunk = read_all(tmp_path / "d.parquet", schema, "parquet")
     assert chunk.dense[:, 0].tolist() == [0.0, 2.5] and chunk.labels.tolist() == [1.0, 0.0]
     assert source.malformed.count == 3 and [row for row, _ in source.malformed.first] == [1, 2, 5]

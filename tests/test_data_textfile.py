@@ -20,8 +20,7 @@ def test_line_numbers_of_kept_rows_skip_bad_lines(tmp_path, header):
     path = tmp_path / "f.csv"
     path.write_text("\n".join(text) + "\n")
     malformed = MalformedRows(path)
-    stream = CsvStream(path, ",", False, malformed, chunk_rows=7,
-                       column_names=None if header else ["a", "b", "c"], text_columns=["a"])
+    stream = CsvStream(path, ",", False, malformed, chunk_rows=7, column_names=None if header else ["a", "b", "c"], text_columns=["a"])
     seen = []
     for batch, first in stream:
         lines = stream.line_numbers(first + np.arange(batch.num_rows))

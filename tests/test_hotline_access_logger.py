@@ -50,9 +50,7 @@ def test_counts_are_exact_when_every_key_fits():
 
 def test_recall_of_zipf_top_rows_is_high_for_a_large_enough_logger():
     stream = zipf_stream(200_000, batches=60, ids_per_batch=20_000, seed=3)
-    small, large = measure_recall(
-        stream, total_rows=200_000, k=1000, capacities_bytes=[2_000, 256_000], sample_rates=[0.5], seed=4
-    )
+    small, large = measure_recall(stream, total_rows=200_000, k=1000, capacities_bytes=[2_000, 256_000], sample_rates=[0.5], seed=4)
     assert large["logger_bytes"] <= 256_000
     assert 20 <= large["sampled_batches"] <= 40
     assert large["recall"] >= 0.95

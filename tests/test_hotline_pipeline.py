@@ -23,9 +23,7 @@ from test_hotline_embedding import TABLES, all_rows, tiny_dlrm, zipf_batch
 def test_training_equals_ordinary_training(tmp_path, optimizer, lr):
     model = tiny_dlrm()
     hot_model = copy.deepcopy(model)
-    hot_model.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(
-        model.embeddings, optimizer=optimizer, slow="disk", directory=tmp_path
-    )
+    hot_model.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, optimizer=optimizer, slow="disk", directory=tmp_path)
     baseline = TrainStep(model, make_optimizers(model, optimizer, lr))
     hotline = TrainStep(hot_model, [*make_optimizers(hot_model, optimizer, lr), TieredRowOptimizer(hot_model.embeddings, lr=lr)])
     budget = 30 * hot_model.embeddings.hot_row_bytes

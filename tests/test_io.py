@@ -48,8 +48,19 @@ def test_a_run_removes_the_temporaries_of_a_checkpoint_save_killed_earlier(tmp_p
 
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    tiny = ["--preset", "tiny", "--set", "data.synthetic.rows=300", "--set", "data.synthetic.table_rows=50",
-            "--batch-size", "64", "--max-steps", "2", "--no-progress"]
+    tiny = [
+        "--preset",
+        "tiny",
+        "--set",
+        "data.synthetic.rows=300",
+        "--set",
+        "data.synthetic.table_rows=50",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        "2",
+        "--no-progress",
+    ]
     assert main(["train", *tiny, "--out", str(run)]) == 0
     killed = [run / ".checkpoint.k1ll3d.tmp", run / ".checkpoint.writing"]
     for d in killed:

@@ -32,8 +32,16 @@ def write_synthetic_costs(path, compute_samples=200, comm_samples=200, seed=0):
         bw = 0.004 * dims.sum() + rng.normal(0, 0.05, size=2)
         fw = bw + delays.max() - delays
         lines.append(
-            {"kind": "comm", "id": f"comm2-{i}", "world_size": 2, "batch_size": 256, "dim_sums": dims.tolist(),
-             "delays_ms": delays.tolist(), "fw_ms": fw.tolist(), "bw_ms": bw.tolist()}
+            {
+                "kind": "comm",
+                "id": f"comm2-{i}",
+                "world_size": 2,
+                "batch_size": 256,
+                "dim_sums": dims.tolist(),
+                "delays_ms": delays.tolist(),
+                "fw_ms": fw.tolist(),
+                "bw_ms": bw.tolist(),
+            }
         )
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path

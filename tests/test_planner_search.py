@@ -179,7 +179,10 @@ def test_a_column_split_is_never_predicted_cheaper_than_the_whole_table():
     tables = [pool.table(i, 64, f"t{i}") for i in range(40)]
     search = NeuroShardSearch(tables, 4, 2**40, predictor)
     offset = float(predictor.device_compute(np.zeros(predictor.embed(tables[:1]).shape[1]))[0])
-    raw = [float(predictor.device_compute(predictor.embed([t.with_dim(32)] * 2).sum(axis=0))[0]) < predictor.device_compute(predictor.embed([t]))[0] for t in tables]
+    raw = [
+        float(predictor.device_compute(predictor.embed([t.with_dim(32)] * 2).sum(axis=0))[0]) < predictor.device_compute(predictor.embed([t]))[0]
+        for t in tables
+    ]
     for i in range(len(tables)):
         whole = search._chunk(i, 64).cost - offset
         assert 2 * (search._chunk(i, 32).cost - offset) >= whole * (1 - 1e-9) and 4 * (search._chunk(i, 16).cost - offset) >= whole * (1 - 1e-9)

@@ -29,8 +29,22 @@ def test_auc_floor_above_the_logistic_regression(name, shared_data, tmp_path, mo
     config, data, data_format, floor, logistic_regression = CASES[name]
     assert floor > logistic_regression
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
-    argv = ["train", "--config", str(CONFIGS / config), "--data-format", data_format, "--data", str(shared_data / data),
-            "--seed", "0", "--set", "train.threads=1", "--out", str(tmp_path / "run"), "--no-progress"]
+    argv = [
+        "train",
+        "--config",
+        str(CONFIGS / config),
+        "--data-format",
+        data_format,
+        "--data",
+        str(shared_data / data),
+        "--seed",
+        "0",
+        "--set",
+        "train.threads=1",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

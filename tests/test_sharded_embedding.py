@@ -40,9 +40,7 @@ def _plan(kind: str, world: int) -> ShardingPlan:
 def _global_batch(batch_size: int, seed: int) -> Batch:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 4, (len(TABLES), batch_size), generator=g)  # includes empty bags
-    values = torch.cat(
-        [torch.randint(0, t.num_rows, (int(lengths[f].sum()),), generator=g) for f, t in enumerate(TABLES)]
-    )
+    values = torch.cat([torch.randint(0, t.num_rows, (int(lengths[f].sum()),), generator=g) for f, t in enumerate(TABLES)])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
     return Batch(torch.randn(batch_size, 3, generator=g), values, offsets, torch.zeros(batch_size))
@@ -139,11 +137,14 @@ def test_replicated_gradients_average_over_ranks_even_where_one_rank_has_none():
 
 def _initialised_shards(rank: int, world: int) -> None:
     tables = [TableConfig("big", 140_000, 8), TableConfig("small", 30, 8), TableConfig("wide", 70_000, 8)]
-    plan = ShardingPlan(world, [
-        TablePlacement("big", "row_wise", [Shard(0, 0, 70_001, 0, 8), Shard(1, 70_001, 140_000, 0, 8)]),  # cuts a generator block
-        TablePlacement("small", "data_parallel", [Shard(r, 0, 30, 0, 8) for r in range(world)]),
-        TablePlacement("wide", "column_wise", [Shard(1, 0, 70_000, 0, 4), Shard(0, 0, 70_000, 4, 8)]),
-    ])
+    plan = ShardingPlan(
+        world,
+        [
+            TablePlacement("big", "row_wise", [Shard(0, 0, 70_001, 0, 8), Shard(1, 70_001, 140_000, 0, 8)]),  # cuts a generator block
+            TablePlacement("small", "data_parallel", [Shard(r, 0, 30, 0, 8) for r in range(world)]),
+            TablePlacement("wide", "column_wise", [Shard(1, 0, 70_000, 0, 4), Shard(0, 0, 70_000, 4, 8)]),
+        ],
+    )
     torch.manual_seed(3)
     single = EmbeddingBagCollection(tables)
     module = ShardedEmbeddingBagCollection.from_initializer(tables, plan, single.initializer)

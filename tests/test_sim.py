@@ -29,9 +29,7 @@ def test_collective_formulas():
     assert ring_all_reduce_time(LINK, 8, 8e6) == pytest.approx(14 * LINK.time_s(1e6))
     assert ring_all_reduce_time(LINK, 1, 8e6) == 0
     assert all_reduce_time(c, 8e6, "ring") == pytest.approx(ring_all_reduce_time(LINK, 8, 8e6))
-    assert all_reduce_time(c, 8e6, "hierarchical") == pytest.approx(
-        ring_all_reduce_time(LINK, 4, 8e6) + ring_all_reduce_time(LINK, 2, 2e6)
-    )
+    assert all_reduce_time(c, 8e6, "hierarchical") == pytest.approx(ring_all_reduce_time(LINK, 4, 8e6) + ring_all_reduce_time(LINK, 2, 2e6))
     with pytest.raises(DistrecError, match="unknown all-reduce"):
         all_reduce_time(c, 1, "tree")
 

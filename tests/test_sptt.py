@@ -84,9 +84,7 @@ def test_steps_c_to_e_give_each_rank_its_tower_for_its_peers_samples():
         for local, rank in enumerate(ranks):
             recv = torch.cat([send[local] for send in sends])
             tower = blocks_to_columns(recv, t.hosts * LOCAL_BATCH, widths)
-            peer_samples = torch.cat(
-                [torch.arange(p * LOCAL_BATCH, (p + 1) * LOCAL_BATCH) for p in t.peers(rank)]
-            ).double()
+            peer_samples = torch.cat([torch.arange(p * LOCAL_BATCH, (p + 1) * LOCAL_BATCH) for p in t.peers(rank)]).double()
             assert torch.equal(tower, peer_samples.view(-1, 1) * 100 + host_features)
 
 

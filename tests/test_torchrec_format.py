@@ -213,7 +213,11 @@ def test_torchrec_distributed_model_parallel_trains_on_a_distrec_plan(tmp_path):
 def test_distrec_trains_on_a_plan_torchrecs_planner_made(tmp_path):
     plan = ShardingPlan.load(TORCHREC_PLAN)
     assert {p.table: p.sharding for p in plan.tables} == {
-        "C1": "table_wise", "C2": "column_wise", "C3": "data_parallel", "C4": "data_parallel", "C5": "table_wise"
+        "C1": "table_wise",
+        "C2": "column_wise",
+        "C3": "data_parallel",
+        "C4": "data_parallel",
+        "C5": "table_wise",
     }
     steps, cache = 4, tmp_path / "cache"
     prepare(tiny_config(cache, steps).data, progress=False)

@@ -23,8 +23,14 @@ def planted_run(tmp_path_factory):
     """A small DLRM (linear top) trained on data whose click logit has 4 planted feature groups."""
     root = tmp_path_factory.mktemp("planted")
     overrides = [f"data.synthetic.{k}={v}" for k, v in SYNTHETIC.items()] + [
-        "data.max_ind_range=40", "model.top_mlp=[]", "train.batch_size=512", "train.optimizer=adam",
-        "train.embedding_optimizer=adam", "train.lr=0.02", "train.embedding_lr=0.1", "train.seed=0",
+        "data.max_ind_range=40",
+        "model.top_mlp=[]",
+        "train.batch_size=512",
+        "train.optimizer=adam",
+        "train.embedding_optimizer=adam",
+        "train.lr=0.02",
+        "train.embedding_lr=0.1",
+        "train.seed=0",
         f"data.cache_dir={root / 'cache'}",
     ]
     argv = ["train", "--preset", "tiny", "--max-steps", "400", "--out", str(root / "run"), "--no-progress"]
@@ -43,8 +49,20 @@ def test_coherent_towers_recover_the_planted_groups_and_naive_ones_do_not(plante
     scores = {}
     for strategy in ("coherent", "naive"):
         out = planted_run / f"{strategy}.json"
-        argv = ["partition", "--checkpoint", str(planted_run / "run"), "--towers", "4", "--strategy", strategy,
-                "--max-ratio", "1.5", "-o", str(out), "--no-progress"]
+        argv = [
+            "partition",
+            "--checkpoint",
+            str(planted_run / "run"),
+            "--towers",
+            "4",
+            "--strategy",
+            strategy,
+            "--max-ratio",
+            "1.5",
+            "-o",
+            str(out),
+            "--no-progress",
+        ]
         assert main(argv) == 0
         printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert printed["tower_sizes"] == [3, 3, 3, 3]

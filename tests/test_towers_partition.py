@@ -82,9 +82,7 @@ def test_size_bounds_are_feasible_and_respect_the_ratio(features, towers, ratio,
     assert towers * size_min <= features <= towers * size_max and size_max <= ratio * size_min
 
 
-@pytest.mark.parametrize(
-    "args,message", [((10, 3, 1.0), "max-ratio 1.33"), ((4, 5, 2.0), "between 1 and 4"), ((8, 2, 0.5), "below 1")]
-)
+@pytest.mark.parametrize("args,message", [((10, 3, 1.0), "max-ratio 1.33"), ((4, 5, 2.0), "between 1 and 4"), ((8, 2, 0.5), "below 1")])
 def test_size_bound_errors(args, message):
     with pytest.raises(DistrecError, match=message):
         tower_size_bounds(*args)

@@ -139,7 +139,14 @@ def test_breakdown_is_written_and_plotted(cache, tmp_path):
 
 def test_bad_plans_and_world_sizes_are_one_clear_error_before_launch(cache, tmp_path, capsys):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"world_size": 2, "tables": [{"table": "nope", "sharding": "table_wise", "shards": [{"rank": 0, "row_start": 0, "row_end": 5, "col_start": 0, "col_end": 8}]}]}))
+    plan.write_text(
+        json.dumps(
+            {
+                "world_size": 2,
+                "tables": [{"table": "nope", "sharding": "table_wise", "shards": [{"rank": 0, "row_start": 0, "row_end": 5, "col_start": 0, "col_end": 8}]}],
+            }
+        )
+    )
     common = ["train", "--preset", "tiny", "--cache-dir", str(cache), "--no-progress", "--out", str(tmp_path / "run")]
     common += [arg for item in TINY_DATA for arg in ("--set", item)]
     for extra, message in [
@@ -173,8 +180,23 @@ def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cach
     """A worker SIGKILLed mid-run: the launcher restarts the group from the last checkpoint and the
     run ends with the losses and parameters of the same run left alone (bit-for-bit resume)."""
     steps = 200
-    command = [sys.executable, "-m", "distrec", "train", "--preset", "tiny", "--max-steps", str(steps), "--no-progress",
-               "--cache-dir", str(cache), "--nproc-per-node", "2", "--sharding", "row_wise"]
+    command = [
+        sys.executable,
+        "-m",
+        "distrec",
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        str(steps),
+        "--no-progress",
+        "--cache-dir",
+        str(cache),
+        "--nproc-per-node",
+        "2",
+        "--sharding",
+        "row_wise",
+    ]
     for item in [*TINY_DATA, "train.checkpoint_every=10", "train.log_every=1"]:
         command += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -10,8 +10,23 @@ from distrec.cli import main
 from distrec.train.evaluate import load_trained_model
 
 # 600 synthetic rows (540 train = 9 batches of 64 per epoch), small tables, one thread
-TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50",
-        "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "4", "--no-progress"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "data.synthetic.rows=600",
+    "--set",
+    "data.synthetic.table_rows=50",
+    "--set",
+    "train.threads=1",
+    "--batch-size",
+    "64",
+    "--seed",
+    "3",
+    "--eval-every",
+    "4",
+    "--no-progress",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +64,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, capsys, optimizer):
     # 14 steps cross the epoch boundary at step 9; the break at 7 is mid-epoch and between
     # two evaluations, with warm-up and decay running across it. The decay has a fixed
     # length: by default it spans the run, so a 7-step run would decay to 0 by its end.
-    flags = [*TINY, "--optimizer", optimizer, "--set", "train.warmup_steps=3", "--set", "train.decay=linear",
-             "--set", "train.decay_steps=14"]
+    flags = [*TINY, "--optimizer", optimizer, "--set", "train.warmup_steps=3", "--set", "train.decay=linear", "--set", "train.decay_steps=14"]
     train(*flags, "--max-steps", 14, "--out", tmp_path / "whole")
     train(*flags, "--max-steps", 7, "--out", tmp_path / "halves")
     train("--resume", tmp_path / "halves", "--max-steps", 14, "--no-progress")
@@ -69,8 +83,7 @@ def test_resume_by_epochs(tmp_path, capsys):
 
 
 def test_training_beats_chance_on_the_planted_click_model(tmp_path, capsys):
-    train(*TINY, "--set", "data.synthetic.rows=4000", "--optimizer", "adagrad", "--lr", "0.05", "--epochs", 3,
-          "--out", tmp_path / "run")
+    train(*TINY, "--set", "data.synthetic.rows=4000", "--optimizer", "adagrad", "--lr", "0.05", "--epochs", 3, "--out", tmp_path / "run")
     capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["auc"] > 0.6

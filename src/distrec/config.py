@@ -379,8 +379,9 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, pre
         try:
             d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
-            raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                               "save it as UTF-8 YAML") from None
+            raise DistrecError(
+                f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 YAML"
+            ) from None
         except yaml.YAMLError as e:
             raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
         if not isinstance(d, dict):
@@ -460,7 +461,17 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"train.lr is {t.lr}; it must be positive")
     if t.max_steps is not None and t.max_steps < 1:
         raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")
-    for key in ("weight_decay", "embedding_weight_decay", "warmup_steps", "decay_start_step", "decay_steps", "eval_every", "checkpoint_every", "log_every", "threads"):
+    for key in (
+        "weight_decay",
+        "embedding_weight_decay",
+        "warmup_steps",
+        "decay_start_step",
+        "decay_steps",
+        "eval_every",
+        "checkpoint_every",
+        "log_every",
+        "threads",
+    ):
         if getattr(t, key) < 0:
             raise DistrecError(f"train.{key} is {getattr(t, key)}; it must be 0 or more")
     for key in ("bottom_mlp", "top_mlp", "deep_mlp"):

@@ -39,10 +39,7 @@ document = {
                 "ranks": ps.ranks,
                 "sharding_spec": None
                 if ps.sharding_spec is None
-                else [
-                    {"shard_offsets": s.shard_offsets, "shard_sizes": s.shard_sizes, "placement": str(s.placement)}
-                    for s in ps.sharding_spec.shards
-                ],
+                else [{"shard_offsets": s.shard_offsets, "shard_sizes": s.shard_sizes, "placement": str(s.placement)} for s in ps.sharding_spec.shards],
             }
             for table, ps in module_plan.items()
         }

@@ -25,13 +25,16 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     """--preset, --config, --set."""
     p.add_argument("--preset", metavar="NAME", help="architecture preset: dlrm-kaggle, dlrm-terabyte, dlrm-mlperf, dcn, tiny")
     p.add_argument("--config", metavar="FILE", help="YAML experiment config (sections data, model, train, parallel)")
-    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides", help="override a config field, e.g. model.embedding_dim=64 (repeatable)")
+    p.add_argument(
+        "--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides", help="override a config field, e.g. model.embedding_dim=64 (repeatable)"
+    )
 
 
 def add_trust_arg(p: argparse.ArgumentParser) -> None:
     """--trust-checkpoint: let an older checkpoint's pickled state load (it could run code)."""
     p.add_argument(
-        "--trust-checkpoint", action="store_true",
+        "--trust-checkpoint",
+        action="store_true",
         help="load a checkpoint of an earlier distrec (format 2) whose state holds pickled Python objects; "
         "unpickling runs any code they hold, so only for checkpoints from a trusted source",
     )

@@ -47,11 +47,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     hotline.add_argument("--batch-size", type=int, metavar="B", help="mini-batch size in samples (default train.batch_size)")
     hotline.add_argument("--max-ind-range", type=int, metavar="ROWS", help="rows per hashed table (default 100000)")
     hotline.add_argument("--batches", type=int, default=200, metavar="N", help="mini-batches of the training split to stream (default 200)")
-    hotline.add_argument("--budgets", type=_list(str), metavar="SIZES", help="hot budgets, e.g. 1MB,4MB,16MB (default: 1/1000 of the rows seen to all, log-spaced)")
+    hotline.add_argument(
+        "--budgets", type=_list(str), metavar="SIZES", help="hot budgets, e.g. 1MB,4MB,16MB (default: 1/1000 of the rows seen to all, log-spaced)"
+    )
     hotline.add_argument("--hot-budget", metavar="SIZE", help="the budget the recall and throughput runs use (default hotline.hot_budget)")
-    hotline.add_argument("--sample-rates", type=_list(float), default=list(DEFAULT_SAMPLE_RATES), metavar="X,Y", help="logger sample rates for the recall sweep")
+    hotline.add_argument(
+        "--sample-rates", type=_list(float), default=list(DEFAULT_SAMPLE_RATES), metavar="X,Y", help="logger sample rates for the recall sweep"
+    )
     hotline.add_argument("--top-k", type=int, metavar="K", help="rows whose recall is measured (default: the hot budget's rows, at most 1/10 of the rows seen)")
-    hotline.add_argument("--train-steps", type=int, default=30, metavar="N", help="timed steps of the throughput comparison (Hotline learns on as many before), 0 to skip (default 30)")
+    hotline.add_argument(
+        "--train-steps",
+        type=int,
+        default=30,
+        metavar="N",
+        help="timed steps of the throughput comparison (Hotline learns on as many before), 0 to skip (default 30)",
+    )
     hotline.add_argument("--out", metavar="DIR", default="runs/bench-hotline", help="folder for the PNGs and JSON (default runs/bench-hotline)")
     hotline.set_defaults(handler=run_hotline)
 

@@ -24,13 +24,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("partition", help="group features into towers for DMT", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     p.add_argument("--checkpoint", required=True, metavar="RUN", help="a trained run directory or its checkpoint/ folder")
     p.add_argument("--towers", required=True, type=int, metavar="T", help="number of towers (one per host)")
-    p.add_argument("--strategy", default="coherent", choices=["coherent", "diverse", "naive"],
-                   help="coherent: interacting features share a tower; diverse: they are spread; naive: feature i in tower i %% T")
+    p.add_argument(
+        "--strategy",
+        default="coherent",
+        choices=["coherent", "diverse", "naive"],
+        help="coherent: interacting features share a tower; diverse: they are spread; naive: feature i in tower i %% T",
+    )
     p.add_argument("--max-ratio", type=float, default=2.0, metavar="K", help="largest tower <= K x smallest (default 2)")
     p.add_argument("-o", "--output", required=True, metavar="JSON", help="the tower partition to write")
     p.add_argument("--plot", metavar="PNG", help="similarity matrix ordered by tower (default: OUTPUT with .png)")
-    p.add_argument("--interaction", default="pairwise", choices=["pairwise", "cosine"],
-                   help="pairwise: joint effect of two features on the logit (default); cosine: |mean cosine| of their embeddings (the DMT paper's)")
+    p.add_argument(
+        "--interaction",
+        default="pairwise",
+        choices=["pairwise", "cosine"],
+        help="pairwise: joint effect of two features on the logit (default); cosine: |mean cosine| of their embeddings (the DMT paper's)",
+    )
     p.add_argument("--sample-rows", type=int, default=2048, metavar="N", help="data rows the interactions are measured on")
     p.add_argument("--dims", type=int, default=4, metavar="N", help="dimensions of the feature coordinates (default 4)")
     p.add_argument("--steps", type=int, default=500, metavar="N", help="Adam steps fitting the coordinates (default 500)")
@@ -48,14 +56,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.dims < 1 or args.steps < 1:
         raise DistrecError(f"--dims {args.dims} and --steps {args.steps} must both be at least 1")
-    model, batch, names = trained_sample(
-        Path(args.checkpoint), args.sample_rows, args.seed, args.data, args.data_format, progress=not args.no_progress
-    )
+    model, batch, names = trained_sample(Path(args.checkpoint), args.sample_rows, args.seed, args.data, args.data_format, progress=not args.no_progress)
     interaction = feature_interaction(model, batch, args.interaction, args.seed)
     part = partition_features(names, args.towers, args.strategy, interaction, args.max_ratio, args.dims, args.steps, args.seed)
     output = Path(args.output)
     plot = Path(args.plot) if args.plot else output.with_suffix(".png")
     part.save(output)
     plot_similarity(interaction, names, part, plot)
-    print(json.dumps({"output": str(output), "plot": str(plot), "interaction": args.interaction, "tower_sizes": [len(t) for t in part.towers], "stress": part.stress}))
+    print(
+        json.dumps(
+            {"output": str(output), "plot": str(plot), "interaction": args.interaction, "tower_sizes": [len(t) for t in part.towers], "stress": part.stress}
+        )
+    )
     return 0

@@ -41,13 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(tables)
     add_config_args(tables)
     tables.add_argument("--dim", type=int, metavar="N", help="with --data: embedding dimension (default model.embedding_dim)")
-    tables.add_argument("--batch-size", type=int, metavar="B", help="samples per training batch: with --data for the table statistics (default train.batch_size); with --algorithm torchrec for its estimates (default the cost models')")
+    tables.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="samples per training batch: with --data for the table statistics (default train.batch_size); with --algorithm torchrec for its estimates (default the cost models')",
+    )
     tables.add_argument("--sample-rows", type=int, default=262_144, metavar="N", help="with --data: rows read to measure the tables")
     p.add_argument("--devices", type=int, metavar="D", help="number of devices (ranks)")
     p.add_argument("--memory-per-device", metavar="SIZE", help="table memory per device, e.g. 4GB or 512MiB")
     p.add_argument("-o", "--output", metavar="FILE", help="where to write the plan (JSON)")
-    p.add_argument("--format", choices=("distrec", "torchrec"), default="distrec", help="plan file format: distrec's, or TorchRec's ParameterSharding per table as JSON")
-    p.add_argument("--torchrec-module", default=DEFAULT_MODULE, metavar="FQN", help=f"with --format torchrec: the EmbeddingBagCollection's path in the model (default {DEFAULT_MODULE})")
+    p.add_argument(
+        "--format", choices=("distrec", "torchrec"), default="distrec", help="plan file format: distrec's, or TorchRec's ParameterSharding per table as JSON"
+    )
+    p.add_argument(
+        "--torchrec-module",
+        default=DEFAULT_MODULE,
+        metavar="FQN",
+        help=f"with --format torchrec: the EmbeddingBagCollection's path in the model (default {DEFAULT_MODULE})",
+    )
     p.add_argument("--algorithm", choices=ALGORITHMS, default="neuroshard", help="planner (default neuroshard)")
     p.add_argument("--cost-models", metavar="DIR", help="folder (or .pt file) of trained cost models (default ~/.cache/distrec/planner)")
     p.add_argument("--pin", action="append", default=[], metavar="TABLE=RANK", help="put a table whole on a rank (repeatable)")
@@ -74,8 +86,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", metavar="DIR", help="folder of cost_models.pt (default ~/.cache/distrec/planner)")
     train.add_argument("--epochs", type=int, default=1000, help="most epochs per model (early stopping ends sooner)")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--compute-head", choices=("monotone", "mlp"), default="monotone",
-                       help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)")
+    train.add_argument(
+        "--compute-head",
+        choices=("monotone", "mlp"),
+        default="monotone",
+        help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)",
+    )
     train.set_defaults(handler=run_train)
 
 
@@ -149,8 +165,17 @@ def run_collect(args: argparse.Namespace, argv: list[str]) -> int:
         raise DistrecError("collect needs --devices of at least 2 and sample counts >= 0")
     out = planner_dir(args.out) / COST_DATA_FILE
     for devices in args.devices:
-        collect(out, args.compute_samples, args.comm_samples, devices, batch_size=args.batch_size, seed=args.seed,
-                max_dim=args.max_dim, device=args.device, progress=not args.no_progress)
+        collect(
+            out,
+            args.compute_samples,
+            args.comm_samples,
+            devices,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            max_dim=args.max_dim,
+            device=args.device,
+            progress=not args.no_progress,
+        )
     print(json.dumps({"cost_data": str(out), "devices": args.devices, "compute_samples": args.compute_samples, "comm_samples": args.comm_samples}))
     return 0
 
@@ -177,8 +202,17 @@ def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         raise DistrecError("calibrate needs --devices of at least 2 and a positive --budget-minutes")
     start = time.perf_counter()
     out = planner_dir(args.out)
-    models, counts = calibrate(out, sorted(set(args.devices)), args.budget_minutes, args.batch_size, args.max_dim, args.seed, args.device,
-                               progress=not args.no_progress, log=lambda line: print(line, flush=True))
+    models, counts = calibrate(
+        out,
+        sorted(set(args.devices)),
+        args.budget_minutes,
+        args.batch_size,
+        args.max_dim,
+        args.seed,
+        args.device,
+        progress=not args.no_progress,
+        log=lambda line: print(line, flush=True),
+    )
     summary = {
         "cost_models": str(out / COST_MODELS_FILE),
         "compute_samples": counts.compute,

@@ -52,20 +52,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_trust_arg(train)
     dist_args = train.add_argument_group("distributed training")
     dist_args.add_argument("--nproc-per-node", type=int, metavar="N", help="launch N worker processes on this machine (torch's elastic launcher)")
-    dist_args.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint (default 0)")
-    dist_args.add_argument("--timeout-seconds", type=float, metavar="S", help="fail a collective that waits S seconds for a silent rank, naming it (default 600)")
+    dist_args.add_argument(
+        "--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint (default 0)"
+    )
+    dist_args.add_argument(
+        "--timeout-seconds", type=float, metavar="S", help="fail a collective that waits S seconds for a silent rank, naming it (default 600)"
+    )
     dist_args.add_argument("--plan", metavar="FILE", help="sharding plan JSON (default: a greedy table-wise plan, saved with the run)")
-    dist_args.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning")
+    dist_args.add_argument(
+        "--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning"
+    )
     dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
     dist_args.add_argument("--memory-per-rank", metavar="SIZE", help="table memory limit per rank for the default planner, e.g. 4GB")
     dist_args.add_argument("--lookup", choices=["flat", "sptt"], help="embedding exchange: flat all-to-all (default) or DMT's SPTT by host")
     dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
     dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
-    dist_args.add_argument("--tower-sharding", choices=["table_wise", "column_wise"], help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column")
+    dist_args.add_argument(
+        "--tower-sharding",
+        choices=["table_wise", "column_wise"],
+        help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column",
+    )
     two_d = train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)")
-    two_d.add_argument("--replica-groups", type=int, metavar="G", help="G groups of N/G consecutive ranks, each with every table sharded by a plan for N/G ranks (default 1: plain sharding)")
-    two_d.add_argument("--replica-sync", choices=["exact", "periodic"], help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps")
+    two_d.add_argument(
+        "--replica-groups",
+        type=int,
+        metavar="G",
+        help="G groups of N/G consecutive ranks, each with every table sharded by a plan for N/G ranks (default 1: plain sharding)",
+    )
+    two_d.add_argument(
+        "--replica-sync",
+        choices=["exact", "periodic"],
+        help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps",
+    )
     two_d.add_argument("--sync-every", type=int, metavar="K", help="with --replica-sync periodic: steps between replica averages (default 10)")
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
@@ -158,8 +177,7 @@ def _check_out(out: Path) -> None:
     if held:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise DistrecError(
-            f"--out {str(out)!r} already holds files ({shown}); pass --resume {out} to continue that run, "
-            "--overwrite to replace it, or another --out"
+            f"--out {str(out)!r} already holds files ({shown}); pass --resume {out} to continue that run, --overwrite to replace it, or another --out"
         )
 
 
@@ -175,7 +193,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.timeout_seconds is not None and not args.timeout_seconds > 0:
         raise DistrecError(f"--timeout-seconds is {args.timeout_seconds}; give a positive number of seconds")
     if args.resume:
-        given = [f for f in ("config", "preset", "data", "data_format", "schema", "split", "max_ind_range", "batch_size", "lr", "optimizer", "seed", "tower_module", "compression", "tower_dim", "tower_c", "tower_p") if getattr(args, f, None) is not None]
+        given = [
+            f
+            for f in (
+                "config",
+                "preset",
+                "data",
+                "data_format",
+                "schema",
+                "split",
+                "max_ind_range",
+                "batch_size",
+                "lr",
+                "optimizer",
+                "seed",
+                "tower_module",
+                "compression",
+                "tower_dim",
+                "tower_c",
+                "tower_p",
+            )
+            if getattr(args, f, None) is not None
+        ]
         if given or args.overrides or args.overwrite or (args.out and Path(args.out) != Path(args.resume)):
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(

@@ -85,8 +85,9 @@ def _identity(cfg: DataConfig) -> tuple[str, dict]:
     """
     if cfg.format == "synthetic":
         if cfg.path is not None:
-            raise DistrecError("--data-format synthetic generates its data; drop --data, or read a file written by "
-                               "`distrec data synth` with --data-format criteo")
+            raise DistrecError(
+                "--data-format synthetic generates its data; drop --data, or read a file written by `distrec data synth` with --data-format criteo"
+            )
         return f"{cfg.synthetic.rows}rows", {"synthetic": dataclasses.asdict(cfg.synthetic)}
     if cfg.path is None:
         raise DistrecError(f"--data-format {cfg.format} needs --data PATH")
@@ -228,12 +229,12 @@ def _write_cache(source: Source, directory: Path, progress: bool, written: _Writ
         dense = stack.enter_context(open(directory / DENSE_FILE, "wb"))
         labels = stack.enter_context(open(directory / LABELS_FILE, "wb"))
         ids = [stack.enter_context(open(directory / ids_file(f), "wb")) for f in range(len(source.features))]
-        offsets = {f: stack.enter_context(open(directory / offsets_file(f), "wb"))
-                   for f, feat in enumerate(source.features) if feat.multi_hot}
+        offsets = {f: stack.enter_context(open(directory / offsets_file(f), "wb")) for f, feat in enumerate(source.features) if feat.multi_hot}
         for out in offsets.values():
             out.write(np.zeros(1, np.int64))
-        bar = stack.enter_context(tqdm(total=source.num_rows, unit=" rows", unit_scale=True, desc=f"preparing {Path(name).name}",
-                                       disable=None if progress else True))
+        bar = stack.enter_context(
+            tqdm(total=source.num_rows, unit=" rows", unit_scale=True, desc=f"preparing {Path(name).name}", disable=None if progress else True)
+        )
         for chunk in source.chunks:
             written.add(chunk, len(offsets))
             dense.write(np.ascontiguousarray(chunk.dense, np.float32))

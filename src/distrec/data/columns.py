@@ -36,8 +36,7 @@ def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Returns (starts int64 [n], lengths int64 [n], data uint8 [bytes]): value i is
     ``data[starts[i]:starts[i] + lengths[i]]``; nulls have length 0.
     """
-    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type)
-            or pa.types.is_large_binary(arr.type)):
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
         raise TypeError(f"expected a string or binary column, got {arr.type}")
     _, offsets_buf, data_buf = arr.buffers()
     offset_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32

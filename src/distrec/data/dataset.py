@@ -109,8 +109,7 @@ class Dataset:
         cache_dir = Path(cache_dir)
         manifest = read_manifest(cache_dir)
         if manifest.get("format_version") != CACHE_FORMAT_VERSION:
-            raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not "
-                               f"{CACHE_FORMAT_VERSION}; delete it and prepare again")
+            raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not {CACHE_FORMAT_VERSION}; delete it and prepare again")
         n = manifest["rows"]
         features = [SparseFeature.from_dict(d) for d in manifest["features"]]
         columns = [
@@ -124,13 +123,22 @@ class Dataset:
         labels = _memmap(cache_dir / LABELS_FILE, np.float32, (n,))
         self._setup(dense, labels, columns, features, list(manifest["dense"]), cfg, manifest)
 
-    def _setup(self, dense: np.ndarray, labels: np.ndarray, columns: list[_Column], features: list[SparseFeature],
-               dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
+    def _setup(
+        self,
+        dense: np.ndarray,
+        labels: np.ndarray,
+        columns: list[_Column],
+        features: list[SparseFeature],
+        dense_names: list[str],
+        cfg: DataConfig | None,
+        manifest: dict | None,
+    ) -> None:
         self.cfg = cfg or DataConfig()
         unknown = sorted(set(self.cfg.table_sizes) - {f.name for f in features})
         if unknown:
-            raise DistrecError(f"data.table_sizes names {unknown[0]!r}, which is not a feature of this data set "
-                               f"(features: {', '.join(f.name for f in features)})")
+            raise DistrecError(
+                f"data.table_sizes names {unknown[0]!r}, which is not a feature of this data set (features: {', '.join(f.name for f in features)})"
+            )
         self._dense = dense
         self._labels = labels
         self._columns = columns
@@ -147,8 +155,9 @@ class Dataset:
     def override_tables(self, tables: list[TableConfig]) -> None:
         """Map raw ids into these tables (e.g. a trained model's) instead of the config's sizes."""
         if [t.name for t in tables] != self.feature_names:
-            raise DistrecError(f"tables {[t.name for t in tables]} do not match the features {self.feature_names}; "
-                               "use data in the same format and schema as the model")
+            raise DistrecError(
+                f"tables {[t.name for t in tables]} do not match the features {self.feature_names}; use data in the same format and schema as the model"
+            )
         self._set_table_rows({t.name: t.num_rows for t in tables})
 
     @classmethod
@@ -158,8 +167,7 @@ class Dataset:
         return cls.from_chunk(chunk, source.features, source.dense, cfg)
 
     @classmethod
-    def from_chunk(cls, chunk: Chunk, features: list[SparseFeature], dense_names: list[str],
-                   cfg: DataConfig | None = None) -> Dataset:
+    def from_chunk(cls, chunk: Chunk, features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None = None) -> Dataset:
         """A data set over the rows of one in-memory chunk (e.g. from SyntheticGenerator.generate)."""
         columns = []
         for feat, (values, lengths) in zip(features, chunk.sparse):
@@ -230,9 +238,19 @@ class Dataset:
             labels=torch.from_numpy(self._labels[rows]),
         )
 
-    def batches(self, rows: np.ndarray | None, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                start_step: int = 0, drop_last: bool = False, prefetch_depth: int = 4,
-                shard: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
+    def batches(
+        self,
+        rows: np.ndarray | None,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        start_step: int = 0,
+        drop_last: bool = False,
+        prefetch_depth: int = 4,
+        shard: tuple[int, int] = (0, 1),
+    ) -> Iterator[Batch]:
         """Mini-batches over ``rows`` (all rows if None), built ahead on a background thread.
 
         The order depends only on (``seed``, ``epoch``) when shuffling, so batch k of an
@@ -248,7 +266,5 @@ class Dataset:
             rows = rows[np.random.default_rng([seed, epoch]).permutation(rows.shape[0])]
         steps = num_batches(rows.shape[0], batch_size, drop_last)
         rank, world_size = shard
-        batch_rows = (
-            np.array_split(rows[k * batch_size : (k + 1) * batch_size], world_size)[rank] for k in range(start_step, steps)
-        )
+        batch_rows = (np.array_split(rows[k * batch_size : (k + 1) * batch_size], world_size)[rank] for k in range(start_step, steps))
         return prefetch((self.batch(r) for r in batch_rows), prefetch_depth)

@@ -103,10 +103,7 @@ def fingerprint(data: DataConfig) -> dict[str, Any]:
     return {
         "version": FINGERPRINT_VERSION,
         "settings": settings,
-        "files": [
-            {"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns, "sampled_sha256": sampled_hash(f)}
-            for f in files
-        ],
+        "files": [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns, "sampled_sha256": sampled_hash(f)} for f in files],
     }
 
 
@@ -117,8 +114,7 @@ def check_same_data(saved: dict[str, Any], current: dict[str, Any]) -> None:
         return DistrecError(f"cannot resume on different data: {what}; restore it, or train a new run with --out")
 
     if saved.get("version") != current["version"]:
-        raise DistrecError(f"the run's {DATA_FILE} has version {saved.get('version')!r}, this distrec writes "
-                           f"{current['version']}; train a new run with --out")
+        raise DistrecError(f"the run's {DATA_FILE} has version {saved.get('version')!r}, this distrec writes {current['version']}; train a new run with --out")
     before, now = saved.get("settings", {}), current["settings"]
     for key, value in now.items():
         if before.get(key) != value:
@@ -150,8 +146,7 @@ def check_run_data(run_dir: Path, data: DataConfig) -> None:
         log.warning(f"{run_dir} has no {DATA_FILE} (an older run): the data cannot be checked against the run's; recording it now")
         save_fingerprint(run_dir, data)
         return
-    saved = read_json(path, "data fingerprint", f"restore {DATA_FILE} or train a new run with --out",
-                      f"restore {DATA_FILE} or train a new run with --out")
+    saved = read_json(path, "data fingerprint", f"restore {DATA_FILE} or train a new run with --out", f"restore {DATA_FILE} or train a new run with --out")
     if not isinstance(saved, dict):
         raise DistrecError(f"data fingerprint {str(path)!r} is not a JSON object; restore it or train a new run with --out")
     check_same_data(saved, fingerprint(data))

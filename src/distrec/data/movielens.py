@@ -59,8 +59,7 @@ def read_movielens(path: str | Path, chunk_rows: int = 262_144, strict: bool = F
     users = _Users(root / "u.user")
     items = _Items(root / "u.item")
     malformed = MalformedRows(root / "u.data", strict)
-    stream = CsvStream(root / "u.data", "\t", False, malformed, chunk_rows, column_names=_RATING_COLUMNS,
-                       text_columns=_RATING_COLUMNS)
+    stream = CsvStream(root / "u.data", "\t", False, malformed, chunk_rows, column_names=_RATING_COLUMNS, text_columns=_RATING_COLUMNS)
     features = [
         SparseFeature("user_id", id_bound=users.id_bound),
         SparseFeature("item_id", id_bound=items.id_bound),

@@ -67,10 +67,7 @@ class Chunk:
         if not chunks:
             empty = (np.zeros(0, np.int64), np.zeros(0, np.int32))
             return Chunk(np.zeros((0, num_dense), np.float32), np.zeros(0, np.float32), [empty] * num_features)
-        sparse = [
-            (np.concatenate([c.sparse[f][0] for c in chunks]), np.concatenate([c.sparse[f][1] for c in chunks]))
-            for f in range(num_features)
-        ]
+        sparse = [(np.concatenate([c.sparse[f][0] for c in chunks]), np.concatenate([c.sparse[f][1] for c in chunks])) for f in range(num_features)]
         return Chunk(np.concatenate([c.dense for c in chunks]), np.concatenate([c.labels for c in chunks]), sparse)
 
 

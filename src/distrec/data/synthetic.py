@@ -168,10 +168,7 @@ class SyntheticGenerator:
         self._offset = rng.integers(0, self._ranks, cfg.num_sparse)
         self._dense_mean_count = np.exp(rng.uniform(0.0, 5.0, cfg.num_dense))
         seed_key = _mix_int((cfg.seed * _GOLDEN) & _MASK64)
-        self._keys = {
-            (kind, f): np.uint64(_mix_int(seed_key ^ ((kind << 40) | f)))
-            for kind in range(6) for f in range(cfg.num_sparse)
-        }
+        self._keys = {(kind, f): np.uint64(_mix_int(seed_key ^ ((kind << 40) | f))) for kind in range(6) for f in range(cfg.num_sparse)}
         self._first_scale = FIRST_ORDER_STD / math.sqrt(cfg.num_sparse)
         pairs = sum(math.comb(int(n), 2) for n in np.bincount(self.groups[self.groups >= 0]))
         # a pair's dot product of LATENT_DIM uniform entries of std s has variance LATENT_DIM * s**4
@@ -308,9 +305,10 @@ def synthesize(cfg: SyntheticConfig, out: str | Path, chunk_rows: int = 262_144,
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     gen = SyntheticGenerator(cfg)
     try:
-        with CriteoWriter(tmp, gzip=out.suffix == ".gz") as writer, tqdm(
-            total=cfg.rows, unit=" rows", unit_scale=True, desc=f"writing {out.name}", disable=None if progress else True
-        ) as bar:
+        with (
+            CriteoWriter(tmp, gzip=out.suffix == ".gz") as writer,
+            tqdm(total=cfg.rows, unit=" rows", unit_scale=True, desc=f"writing {out.name}", disable=None if progress else True) as bar,
+        ):
             for chunk in gen.chunks(chunk_rows):
                 writer.write(chunk)
                 bar.update(chunk.num_rows)

@@ -109,8 +109,7 @@ def load_schema(path: str | Path) -> TabularSchema:
     columns = names("columns") if "columns" in d else None
     if not header and not columns:
         raise fail("a file without a header needs `columns:` listing the column names in order")
-    schema = TabularSchema(d["label"], None if threshold is None else float(threshold), names("dense"),
-                           tuple(categorical), delimiter, header, columns)
+    schema = TabularSchema(d["label"], None if threshold is None else float(threshold), names("dense"), tuple(categorical), delimiter, header, columns)
     if not schema.dense and not schema.categorical:
         raise fail("name at least one `dense:` or `categorical:` column")
     named = [schema.label, *schema.dense, *(c.name for c in schema.categorical)]
@@ -120,8 +119,7 @@ def load_schema(path: str | Path) -> TabularSchema:
     return schema
 
 
-def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows: int = 262_144,
-                 strict: bool = False) -> Source:
+def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows: int = 262_144, strict: bool = False) -> Source:
     """Stream a CSV (plain or .gz) or Parquet file as chunks of at most ``chunk_rows`` rows.
 
     Rows with a missing or non-numeric label, a label that is not 0/1 (without a
@@ -135,9 +133,16 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
         malformed = MalformedRows(path, strict)
         names = list(schema.columns) if not schema.header else read_header(path, schema.delimiter)
         _check_columns(schema, names, path, schema_path)
-        stream = CsvStream(path, schema.delimiter, True, malformed, chunk_rows,
-                           column_names=None if schema.header else list(schema.columns),
-                           include=schema.used_columns, text_columns=schema.used_columns)
+        stream = CsvStream(
+            path,
+            schema.delimiter,
+            True,
+            malformed,
+            chunk_rows,
+            column_names=None if schema.header else list(schema.columns),
+            include=schema.used_columns,
+            text_columns=schema.used_columns,
+        )
         batches = ((batch, lambda rows, first=first: stream.line_numbers(first + rows)) for batch, first in stream)
         list_columns: set[str] = set()
         num_rows, fraction_read = None, stream.fraction_read
@@ -150,13 +155,13 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
         arrow_schema = parquet.schema_arrow
         _check_columns(schema, arrow_schema.names, path, schema_path)
         batches = _parquet_batches(parquet, path, schema.used_columns, chunk_rows)
-        list_columns = {c.name for c in schema.categorical
-                        if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)}
+        list_columns = {
+            c.name for c in schema.categorical if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)
+        }
         num_rows, fraction_read = parquet.metadata.num_rows, None
     else:
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
-    features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns)
-                for c in schema.categorical]
+    features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns) for c in schema.categorical]
     return Source(
         description={"format": fmt, "path": str(path), "schema": str(Path(schema_path).resolve())},
         label=schema.label,
@@ -200,8 +205,9 @@ def _chunks(batches, schema: TabularSchema, features: list[SparseFeature], malfo
             label = value >= schema.threshold
         else:
             label = value == 1.0
-            check.flag(~np.isnan(value) & ~np.isin(value, (0.0, 1.0)),
-                       f"the label {schema.label!r} is not 0 or 1 (set `threshold:` in the schema for a rating)")
+            check.flag(
+                ~np.isnan(value) & ~np.isin(value, (0.0, 1.0)), f"the label {schema.label!r} is not 0 or 1 (set `threshold:` in the schema for a rating)"
+            )
         dense = np.empty((batch.num_rows, len(schema.dense)), np.float32)
         for j, name in enumerate(schema.dense):
             values, bad = parse_numbers(batch.column(name))

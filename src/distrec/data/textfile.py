@@ -71,8 +71,9 @@ def _reading(path: Path, fix: str) -> Iterator[None]:
         yield
     except (pa.ArrowInvalid, OSError) as e:
         if undecodable:
-            raise DistrecError(f"cannot read {path}: a line with the wrong number of fields is not UTF-8 text "
-                               f"({describe_error(e)}); fix or remove that line") from None
+            raise DistrecError(
+                f"cannot read {path}: a line with the wrong number of fields is not UTF-8 text ({describe_error(e)}); fix or remove that line"
+            ) from None
         raise DistrecError(f"cannot read {path}: {describe_error(e)}; {fix}") from None
     finally:
         sys.unraisablehook = previous
@@ -83,8 +84,7 @@ def _open(path, delimiter, quoted, column_names, column_types, include, encoding
     _check_text(path)
     with _reading(path, "check the file and --data-format"):
         try:
-            return _open_csv(path if stream is None else stream, delimiter, quoted, column_names, column_types, include,
-                             encoding, block_size, on_invalid)
+            return _open_csv(path if stream is None else stream, delimiter, quoted, column_names, column_types, include, encoding, block_size, on_invalid)
         except pa.ArrowInvalid as e:
             if "Empty CSV file" in str(e):
                 return None
@@ -95,16 +95,19 @@ def _open_csv(source, delimiter, quoted, column_names, column_types, include, en
     """Arrow's streaming CSV reader with distrec's options (every row-level problem to ``on_invalid``)."""
     return pacsv.open_csv(
         source,
-        read_options=pacsv.ReadOptions(
-            column_names=column_names, use_threads=False, block_size=block_size, encoding=encoding
-        ),
+        read_options=pacsv.ReadOptions(column_names=column_names, use_threads=False, block_size=block_size, encoding=encoding),
         parse_options=pacsv.ParseOptions(
-            delimiter=delimiter, quote_char='"' if quoted else False,
-            ignore_empty_lines=False, invalid_row_handler=on_invalid,
+            delimiter=delimiter,
+            quote_char='"' if quoted else False,
+            ignore_empty_lines=False,
+            invalid_row_handler=on_invalid,
         ),
         convert_options=pacsv.ConvertOptions(
-            column_types=column_types, include_columns=include, strings_can_be_null=True,
-            null_values=[""], check_utf8=False,
+            column_types=column_types,
+            include_columns=include,
+            strings_can_be_null=True,
+            null_values=[""],
+            check_utf8=False,
         ),
     )
 
@@ -129,9 +132,18 @@ class CsvStream:
         encoding: the file's text encoding.
     """
 
-    def __init__(self, path: Path, delimiter: str, quoted: bool, malformed: MalformedRows, chunk_rows: int,
-                 column_names: list[str] | None = None, include: list[str] | None = None,
-                 text_columns: list[str] = (), encoding: str = "utf8") -> None:
+    def __init__(
+        self,
+        path: Path,
+        delimiter: str,
+        quoted: bool,
+        malformed: MalformedRows,
+        chunk_rows: int,
+        column_names: list[str] | None = None,
+        include: list[str] | None = None,
+        text_columns: list[str] = (),
+        encoding: str = "utf8",
+    ) -> None:
         self.path = path
         self.delimiter = delimiter
         self.quoted = quoted
@@ -158,8 +170,7 @@ class CsvStream:
         with pa.OSFile(str(self.path)) as raw:
             self._raw = raw
             stream = pa.CompressedInputStream(raw, _CODECS[self.path.suffix]) if self.path.suffix in _CODECS else raw
-            reader = _open(self.path, self.delimiter, self.quoted, self.column_names, types, self.include, self.encoding,
-                           block, self._on_invalid, stream)
+            reader = _open(self.path, self.delimiter, self.quoted, self.column_names, types, self.include, self.encoding, block, self._on_invalid, stream)
             if reader is not None:
                 yield from self._batches(reader)
         self._raw = None

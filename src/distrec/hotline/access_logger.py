@@ -122,10 +122,7 @@ class AccessLogger:
             raise DistrecError(f"hotline sample rate is {sample_rate}; give a fraction of mini-batches in (0, 1], e.g. 0.05")
         entries = int(capacity_bytes) // BYTES_PER_ENTRY
         if entries < 1 or ways < 1:
-            raise DistrecError(
-                f"access logger of {capacity_bytes} bytes and {ways} ways holds no entry; "
-                f"give at least {BYTES_PER_ENTRY} bytes and 1 way"
-            )
+            raise DistrecError(f"access logger of {capacity_bytes} bytes and {ways} ways holds no entry; give at least {BYTES_PER_ENTRY} bytes and 1 way")
         self.ways = min(ways, entries)
         self.num_sets = entries // self.ways
         self.sample_rate = sample_rate
@@ -209,8 +206,7 @@ class AccessLogger:
             raise DistrecError(f"cannot read the access logger from {str(path)!r} ({e}); pass a file written by save") from None
         if keys.shape != self._keys.shape:
             raise DistrecError(
-                f"the access logger in {str(path)!r} has {keys.size} entries, this one {self._keys.size}; "
-                "resume with the same hotline.logger_size"
+                f"the access logger in {str(path)!r} has {keys.size} entries, this one {self._keys.size}; resume with the same hotline.logger_size"
             )
         self._keys[...], self._counts[...], self._rrpv[...] = keys, counts, rrpv
         self.sampled_batches = sampled

@@ -221,9 +221,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
             cold_ids.append(lookup.ids[rows[~hot]])
             cold_grads.append(values[~hot])
         empty_ids, empty_grads = slots[0][:0], slot_grads[0][:0]
-        self.store.update(
-            torch.cat(slots), torch.cat(slot_grads), torch.cat(cold_ids or [empty_ids]), torch.cat(cold_grads or [empty_grads]), rule
-        )
+        self.store.update(torch.cat(slots), torch.cat(slot_grads), torch.cat(cold_ids or [empty_ids]), torch.cat(cold_grads or [empty_grads]), rule)
         return True
 
     def clear_gradients(self) -> None:

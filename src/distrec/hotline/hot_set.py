@@ -66,15 +66,11 @@ class HotSet:
     def check(self, space: RowSpace) -> None:
         """Raise DistrecError unless this set names exactly these tables with rows inside them."""
         if tuple(self.rows) != space.names:
-            raise DistrecError(
-                f"hot set tables {list(self.rows)} do not match the model's {list(space.names)}; relearn the hot set for this model"
-            )
+            raise DistrecError(f"hot set tables {list(self.rows)} do not match the model's {list(space.names)}; relearn the hot set for this model")
         for t, (name, rows) in enumerate(self.rows.items()):
             size = int(space.offsets[t + 1] - space.offsets[t])
             if rows.size and (rows[0] < 0 or rows[-1] >= size or np.any(np.diff(rows) <= 0)):
-                raise DistrecError(
-                    f"hot set rows of table {name!r} are not ascending unique rows below {size}; relearn the hot set"
-                )
+                raise DistrecError(f"hot set rows of table {name!r} are not ascending unique rows below {size}; relearn the hot set")
 
     def to_dict(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "tables": {name: rows.tolist() for name, rows in self.rows.items()}}
@@ -104,9 +100,7 @@ class HotSet:
         return hot
 
 
-def select_hot_set(
-    ids: np.ndarray, counts: np.ndarray, space: RowSpace, row_bytes: int | Sequence[int], budget_bytes: int
-) -> HotSet:
+def select_hot_set(ids: np.ndarray, counts: np.ndarray, space: RowSpace, row_bytes: int | Sequence[int], budget_bytes: int) -> HotSet:
     """The most accessed rows, over all tables, whose fast-tier bytes fit ``budget_bytes``.
 
     Rows are ranked by count (ties: smaller global id first) and the longest prefix of the

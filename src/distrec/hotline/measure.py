@@ -29,9 +29,7 @@ def _ranks(ranked_ids: np.ndarray, total_rows: int) -> np.ndarray:
     return rank
 
 
-def popularity_curve(
-    batches: Iterable[Batch], space: RowSpace, row_bytes: int, budgets_bytes: Sequence[int], logger: AccessLogger
-) -> dict:
+def popularity_curve(batches: Iterable[Batch], space: RowSpace, row_bytes: int, budgets_bytes: Sequence[int], logger: AccessLogger) -> dict:
     """Popular-input and hot-lookup fractions of a stream of mini-batches per fast-tier budget.
 
     A budget of ``b`` bytes holds the ``b // row_bytes`` top-ranked rows. The ``exact``

@@ -23,6 +23,7 @@ from distrec.train.optim import SPARSE_OPTIMIZERS, evaluate_closure
 if TYPE_CHECKING:
     from distrec.hotline.embedding import HotlineEmbeddingBagCollection
 
+
 class TieredRowOptimizer(Optimizer):
     """Steps the rows a HotlineEmbeddingBagCollection looked up, each in its own tier.
 

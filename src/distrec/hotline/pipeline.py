@@ -40,8 +40,8 @@ WORKER_NAME = "hotline-prefetch"
 Backward = Callable[[Batch, float], torch.Tensor]  # (micro-batch, normalizer B) -> loss, after backward
 
 
-
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class PipelineStats:

@@ -132,9 +132,7 @@ class ReplicatedHotEmbedding(nn.Module):
         dist.all_reduce(grad, group=self.group)
         grad /= self.world_size
         self.reduce_bytes = (flat.numel() + grad.numel()) * flat.element_size()
-        self.hot_weight.grad = torch.sparse_coo_tensor(
-            touched.unsqueeze(0), grad, self.hot_weight.shape, is_coalesced=True, check_invariants=False
-        )
+        self.hot_weight.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), grad, self.hot_weight.shape, is_coalesced=True, check_invariants=False)
         self.hot_lookups.zero_()
         if len(self.cold.replicas):
             self.cold.sync_replica_grads()
@@ -177,7 +175,9 @@ class ReplicatedHotEmbedding(nn.Module):
         state = optimizer.state[param]
         if not state:  # the sparse optimizers create their state at the first update
             group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
-            no_rows = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64, device=param.device), param.new_zeros(0, param.shape[1]), param.shape, check_invariants=False)
+            no_rows = torch.sparse_coo_tensor(
+                torch.zeros(1, 0, dtype=torch.int64, device=param.device), param.new_zeros(0, param.shape[1]), param.shape, check_invariants=False
+            )
             optimizer.update(param, no_rows, group, state)
         return state
 

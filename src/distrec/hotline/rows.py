@@ -55,8 +55,7 @@ class RowSpace:
             return values.new_empty(0)
         if batch.num_features != self.num_tables:
             raise DistrecError(
-                f"the batch has {batch.num_features} sparse features but the model has {self.num_tables} "
-                "tables; use data prepared for this model"
+                f"the batch has {batch.num_features} sparse features but the model has {self.num_tables} tables; use data prepared for this model"
             )
         per_feature = torch.diff(offsets[:: batch.batch_size])  # indices of each feature [F]
         bounds = torch.as_tensor(self.offsets, device=values.device)

@@ -64,8 +64,7 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
 
     def no_room(why: str) -> DistrecError:
         return DistrecError(
-            f"cannot allocate the {nbytes / 2**30:.2f} GiB slow tier in {str(directory)!r} ({why}); "
-            "free disk space or choose another directory for it"
+            f"cannot allocate the {nbytes / 2**30:.2f} GiB slow tier in {str(directory)!r} ({why}); free disk space or choose another directory for it"
         )
 
     free = shutil.disk_usage(directory).free

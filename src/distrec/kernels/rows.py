@@ -49,9 +49,7 @@ def add_to_distinct_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.
         weight.index_add_(0, rows, delta)
         return
     bounds = [n * i // parts for i in range(parts + 1)]
-    pending = [
-        _workers(parts - 1).submit(weight.index_add_, 0, rows[a:b], delta[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])
-    ]
+    pending = [_workers(parts - 1).submit(weight.index_add_, 0, rows[a:b], delta[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
     weight.index_add_(0, rows[: bounds[1]], delta[: bounds[1]])
     for job in pending:
         job.result()

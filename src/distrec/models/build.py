@@ -33,8 +33,7 @@ def build_model(
     for t in tables:
         if t.dim != model_cfg.embedding_dim:
             raise DistrecError(
-                f"table {t.name!r} has dim {t.dim} but model.embedding_dim is {model_cfg.embedding_dim}; "
-                "build the tables with dim=model.embedding_dim"
+                f"table {t.name!r} has dim {t.dim} but model.embedding_dim is {model_cfg.embedding_dim}; build the tables with dim=model.embedding_dim"
             )
     if model_cfg.tower_module is not None:
         if towers is None:

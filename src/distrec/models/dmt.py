@@ -37,9 +37,7 @@ def tower_spec(model_cfg: ModelConfig, tower_sizes: Sequence[int]) -> TowerModul
     m = model_cfg
     if m.tower_dim is not None:
         return TowerModuleSpec(m.tower_module, m.tower_dim, m.tower_c, m.tower_p, m.tower_cross_layers)
-    return TowerModuleSpec.for_compression(
-        m.tower_module, tower_sizes, m.embedding_dim, m.tower_compression, m.tower_c, m.tower_p, m.tower_cross_layers
-    )
+    return TowerModuleSpec.for_compression(m.tower_module, tower_sizes, m.embedding_dim, m.tower_compression, m.tower_c, m.tower_p, m.tower_cross_layers)
 
 
 class TowerEmbeddings(nn.Module):

@@ -103,9 +103,7 @@ def feature_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torc
     return bags_of_rows(rows, offsets)
 
 
-def sum_by_row(
-    rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_of_entry: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_of_entry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group entries by row and sum their vectors: the coalescing of a sparse row gradient.
 
     Entry k belongs to row ``rows[k]`` (in [0, num_rows)) and carries
@@ -243,8 +241,7 @@ class EmbeddingBagCollection(nn.Module):
         """Pooled embeddings of every feature: float32 [B, F, D], contiguous."""
         if batch.num_features != self.num_features:
             raise DistrecError(
-                f"the batch has {batch.num_features} sparse features but the model has {self.num_features} tables; "
-                "use the tables of the same data set"
+                f"the batch has {batch.num_features} sparse features but the model has {self.num_features} tables; use the tables of the same data set"
             )
         self._check_indices(batch)
         shape = (batch.batch_size, self.num_features, self.dim)
@@ -269,8 +266,7 @@ class EmbeddingBagCollection(nn.Module):
             if low < 0 or high >= t.num_rows:
                 bad = low if low < 0 else high
                 raise DistrecError(
-                    f"sparse feature {t.name!r} has index {bad} but its table has {t.num_rows} rows; "
-                    f"hash indices into [0, {t.num_rows}) or enlarge the table"
+                    f"sparse feature {t.name!r} has index {bad} but its table has {t.num_rows} rows; hash indices into [0, {t.num_rows}) or enlarge the table"
                 )
 
     def extra_repr(self) -> str:

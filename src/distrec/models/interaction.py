@@ -49,9 +49,7 @@ class _DotInteraction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx, x: torch.Tensor | None, e: torch.Tensor, positions: torch.Tensor, pair_map: torch.Tensor, self_interaction: bool
-    ) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor | None, e: torch.Tensor, positions: torch.Tensor, pair_map: torch.Tensor, self_interaction: bool) -> torch.Tensor:
         ctx.save_for_backward(x, e, pair_map)
         ctx.self_interaction = self_interaction
         ctx.num_pairs = positions.numel()

@@ -52,9 +52,7 @@ class TableInit:
         rows, cols = out.shape
         row_end, col_end = row_start + rows, col_start + cols
         if row_start < 0 or row_end > t.num_rows or col_start < 0 or col_end > t.dim:
-            raise ValueError(
-                f"rows [{row_start}, {row_end}) x columns [{col_start}, {col_end}) are outside table {t.name!r} [{t.num_rows}, {t.dim}]"
-            )
+            raise ValueError(f"rows [{row_start}, {row_end}) x columns [{col_start}, {col_end}) are outside table {t.name!r} [{t.num_rows}, {t.dim}]")
         bound = (1.0 / t.num_rows) ** 0.5
         for block in range(row_start // BLOCK_ROWS, -(-row_end // BLOCK_ROWS)):
             first = block * BLOCK_ROWS

@@ -48,9 +48,7 @@ def dense_data_parallel(model: nn.Module, device: torch.device, group: dist.Proc
     DDP all-reduces the dense gradients only; ``.module`` is the model itself."""
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, embedding_names)
-    return DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group, gradient_as_bucket_view=True
-    )
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group, gradient_as_bucket_view=True)
 
 
 def embedding_divergence(embeddings: nn.Module, group: dist.ProcessGroup | None = None) -> float:

@@ -66,9 +66,7 @@ class ShardingPlan:
     def to_dict(self) -> dict:
         return {
             "world_size": self.world_size,
-            "tables": [
-                {"table": p.table, "sharding": p.sharding, "shards": [vars(s) for s in p.shards]} for p in self.tables
-            ],
+            "tables": [{"table": p.table, "sharding": p.sharding, "shards": [vars(s) for s in p.shards]} for p in self.tables],
         }
 
     @classmethod
@@ -76,9 +74,7 @@ class ShardingPlan:
         try:
             return cls(
                 world_size=int(d["world_size"]),
-                tables=[
-                    TablePlacement(t["table"], t["sharding"], [Shard(**_integers(s)) for s in t["shards"]]) for t in d["tables"]
-                ],
+                tables=[TablePlacement(t["table"], t["sharding"], [Shard(**_integers(s)) for s in t["shards"]]) for t in d["tables"]],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DistrecError(f"sharding plan is malformed ({type(e).__name__}: {e}); regenerate it with 'distrec plan'") from None

@@ -102,9 +102,7 @@ def _row_state(optimizer: Optimizer | None, param: nn.Parameter) -> dict[str, An
     return optimizer.state.get(param, {})
 
 
-def export_blocks(
-    embeddings: nn.Module, optimizer: Optimizer | None, include_replicas: bool = True, copy: bool = False
-) -> list[dict[str, Any]]:
+def export_blocks(embeddings: nn.Module, optimizer: Optimizer | None, include_replicas: bool = True, copy: bool = False) -> list[dict[str, Any]]:
     """This process's blocks as saveable dicts: ``block`` (fields), ``weight``, ``state``
     (row-aligned optimizer tensors) and ``scalars`` (other optimizer state, e.g. Adam's step).
 

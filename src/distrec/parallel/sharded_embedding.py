@@ -121,7 +121,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         if plan.world_size != self.world_size:
-            raise DistrecError(f"the sharding plan is for {plan.world_size} ranks but {self.world_size} are running; regenerate the plan or change --nproc-per-node")
+            raise DistrecError(
+                f"the sharding plan is for {plan.world_size} ranks but {self.world_size} are running; regenerate the plan or change --nproc-per-node"
+            )
         self.plan = plan
         self.units = lookup_units(tables, plan)
         self.units_on: list[list[LookupUnit]] = [[u for u in self.units if u.rank == r] for r in range(self.world_size)]
@@ -136,9 +138,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self.unit_group.append(g)
             self.unit_base.append(group_rows[g])
             group_rows[g] += u.num_rows
-        self.weights = nn.ParameterList(
-            [nn.Parameter(torch.empty(group_rows[g], w, device=device)) for g, w in enumerate(self.widths)]
-        )
+        self.weights = nn.ParameterList([nn.Parameter(torch.empty(group_rows[g], w, device=device)) for g, w in enumerate(self.widths)])
         self.replicated = [i for i, t in enumerate(tables) if plan.placement(t.name).sharding == "data_parallel"]
         self.replicas = nn.ParameterList([nn.Parameter(torch.empty(tables[i].num_rows, self.dim, device=device)) for i in self.replicated])
         self.stats = ExchangeStats()
@@ -170,10 +170,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def local_blocks(self) -> list[tuple[LookupUnit, torch.Tensor]]:
         """(unit, view of its rows in the fused weight) for this rank's shards."""
-        return [
-            (u, self.weights[self.unit_group[k]][self.unit_base[k] : self.unit_base[k] + u.num_rows])
-            for k, u in enumerate(self.local_units)
-        ]
+        return [(u, self.weights[self.unit_group[k]][self.unit_base[k] : self.unit_base[k] + u.num_rows]) for k, u in enumerate(self.local_units)]
 
     # --- forward ------------------------------------------------------------------------
     def _bag_lengths(self, batch: Batch) -> torch.Tensor:
@@ -216,9 +213,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         n_local = len(self.local_units)
         device = values.device
         # unit index and source of every received bag
-        unit_of_bag = torch.cat(
-            [torch.arange(n_local, device=device).repeat_interleave(b) for b in source_batch]
-        )
+        unit_of_bag = torch.cat([torch.arange(n_local, device=device).repeat_interleave(b) for b in source_batch])
         base = torch.tensor(self.unit_base, device=device, dtype=values.dtype)
         group_of_unit = torch.tensor(self.unit_group, device=device)
         rows = values + torch.repeat_interleave(base[unit_of_bag], lengths, output_size=values.numel())
@@ -273,9 +268,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
         source_batch = [int(c[0]) for c in recv_counts]
         n_local = len(self.local_units)
-        recv_lengths = all_to_all(
-            torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group
-        )
+        recv_lengths = all_to_all(torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group)
         recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
         sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
         self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(time.perf_counter() - t0) * 1e3)

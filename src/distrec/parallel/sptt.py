@@ -66,8 +66,7 @@ class FeatureLayout:
     def __post_init__(self) -> None:
         if len(self.features_of_rank) != self.topology.world_size:
             raise DistrecError(
-                f"feature layout lists {len(self.features_of_rank)} ranks but the topology has "
-                f"{self.topology.world_size}; build it for this topology"
+                f"feature layout lists {len(self.features_of_rank)} ranks but the topology has {self.topology.world_size}; build it for this topology"
             )
         order = self.exchange_order
         if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != len(order) * (
@@ -76,17 +75,13 @@ class FeatureLayout:
             raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank (or host); fix the towers")
 
     @classmethod
-    def from_towers(
-        cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None
-    ) -> FeatureLayout:
+    def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None) -> FeatureLayout:
         """Tower t on host t, split over the host's ranks ``table_wise`` (contiguous runs of
         features) or ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns)."""
         if sharding not in TOWER_SHARDINGS:
             raise DistrecError(f"tower sharding {sharding!r} is unknown; choose one of: {', '.join(TOWER_SHARDINGS)}")
         if len(towers) != topology.hosts:
-            raise DistrecError(
-                f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host"
-            )
+            raise DistrecError(f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host")
         if any(len(tower) == 0 for tower in towers):
             raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
         if sharding == "column_wise":
@@ -99,11 +94,7 @@ class FeatureLayout:
             cuts = [round(dim * l / L) for l in range(L + 1)]
             features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
             return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
-        runs = [
-            tuple(int(f) for f in run)
-            for tower in towers
-            for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)
-        ]
+        runs = [tuple(int(f) for f in run) for tower in towers for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)]
         return cls(topology, tuple(runs))
 
     @property
@@ -262,9 +253,7 @@ def sptt_exchange(
     # (c) + (d): block l of the peer-ordered rows goes to local rank l
     send = to_peer_order(pooled, topology).reshape(-1)
     send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
-    recv = differentiable_all_to_all(
-        send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale
-    )
+    recv = differentiable_all_to_all(send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale)
     # (e)
     tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
     if tower_module is None:
@@ -274,9 +263,7 @@ def sptt_exchange(
             raise ValueError(f"tower_dims must give the output width of each of the {hosts} towers")
         tower_out, out_widths = tower_module(tower.view(peer_rows, -1, dim)), list(tower_dims)
         if tower_out.shape != (peer_rows, out_widths[host]):
-            raise ValueError(
-                f"tower module returned {tuple(tower_out.shape)}, expected ({peer_rows}, {out_widths[host]})"
-            )
+            raise ValueError(f"tower module returned {tuple(tower_out.shape)}, expected ({peer_rows}, {out_widths[host]})")
     # (f): block h of the tower output (the samples of my peer on host h) goes to host h
     send_splits = [b * out_widths[host]] * hosts
     recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)

@@ -50,10 +50,7 @@ class Topology:
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.ranks_per_host < 1:
-            raise DistrecError(
-                f"topology {self.hosts} hosts x {self.ranks_per_host} ranks per host is invalid; "
-                "both must be at least 1"
-            )
+            raise DistrecError(f"topology {self.hosts} hosts x {self.ranks_per_host} ranks per host is invalid; both must be at least 1")
 
     @property
     def world_size(self) -> int:
@@ -103,10 +100,7 @@ class Topology:
         world = _env_int(env, "WORLD_SIZE")
         local = _env_int(env, "LOCAL_WORLD_SIZE")
         if world % local != 0:
-            raise DistrecError(
-                f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local}; launch the same "
-                "--nproc-per-node on every host"
-            )
+            raise DistrecError(f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local}; launch the same --nproc-per-node on every host")
         topology = cls(hosts=world // local, ranks_per_host=local)
         if "RANK" in env and "LOCAL_RANK" in env:
             rank, local_rank = _env_int(env, "RANK"), _env_int(env, "LOCAL_RANK")
@@ -128,12 +122,8 @@ class Topology:
         self.check_world_size(dist.get_world_size())
         rank = dist.get_rank()
         host_groups = [dist.new_group(self.host_ranks(h), backend=backend) for h in range(self.hosts)]
-        peer_groups = [
-            dist.new_group(self.peers(self.rank(0, l)), backend=backend) for l in range(self.ranks_per_host)
-        ]
-        return TopologyGroups(
-            rank=rank, intra_host=host_groups[self.host(rank)], cross_host=peer_groups[self.local_rank(rank)]
-        )
+        peer_groups = [dist.new_group(self.peers(self.rank(0, l)), backend=backend) for l in range(self.ranks_per_host)]
+        return TopologyGroups(rank=rank, intra_host=host_groups[self.host(rank)], cross_host=peer_groups[self.local_rank(rank)])
 
     def _checked(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:

@@ -72,9 +72,7 @@ def placement_from_shards(table: str, sharding_type: str, shards: list[tuple[int
     sharding = DISTREC_SHARDING.get(sharding_type)
     if sharding is None:
         raise DistrecError(f"TorchRec sharded table {table!r} {sharding_type}, which distrec cannot run; {fix}")
-    placed = [
-        {"rank": rank, "row_start": row, "row_end": row + rows, "col_start": col, "col_end": col + cols} for rank, row, rows, col, cols in shards
-    ]
+    placed = [{"rank": rank, "row_start": row, "row_end": row + rows, "col_start": col, "col_end": col + cols} for rank, row, rows, col, cols in shards]
     if not placed:
         raise DistrecError(f"TorchRec's plan gives table {table!r} no shards; {fix}")
     num_rows, dim = max(s["row_end"] for s in placed), max(s["col_end"] for s in placed)
@@ -109,7 +107,9 @@ def distrec_plan_dict(document: dict, fix: str = "save TorchRec's plan with the 
         raise DistrecError(f"TorchRec plan is malformed ({type(e).__name__}: {e}); {fix}") from None
     names = [p["table"] for p in placements]
     if len(set(names)) != len(names):
-        raise DistrecError(f"TorchRec plan places a table name in two modules ({sorted({n for n in names if names.count(n) > 1})}); distrec needs unique table names; {fix}")
+        raise DistrecError(
+            f"TorchRec plan places a table name in two modules ({sorted({n for n in names if names.count(n) > 1})}); distrec needs unique table names; {fix}"
+        )
     return {"world_size": world_size, "tables": placements}
 
 
@@ -182,7 +182,12 @@ def torchrec_sharding_plan(document: dict) -> Any:
 def _parameter_sharding(p: dict, device: str) -> dict:
     """TorchRec's ParameterSharding fields of one distrec placement (a ``ShardingPlan.to_dict`` entry)."""
     if p["sharding"] == "data_parallel":
-        return {"sharding_type": "data_parallel", "compute_kernel": COMPUTE_KERNEL["data_parallel"], "ranks": [s["rank"] for s in p["shards"]], "sharding_spec": None}
+        return {
+            "sharding_type": "data_parallel",
+            "compute_kernel": COMPUTE_KERNEL["data_parallel"],
+            "ranks": [s["rank"] for s in p["shards"]],
+            "sharding_spec": None,
+        }
     shards = sorted(p["shards"], key=lambda s: (s["row_start"], s["col_start"]))  # TorchRec orders shards by offset
     return {
         "sharding_type": p["sharding"],

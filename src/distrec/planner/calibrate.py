@@ -83,7 +83,9 @@ def sample_counts(budget_s: float, costs: SampleCosts, spent_s: float = 0.0) -> 
     short = [f"{compute} compute"] if compute < MIN_COMPUTE else []
     short += [f"{max(n, 0)} all-to-all ({d} devices)" for d, n in comm.items() if n < MIN_COMM]
     if short:
-        per_sample = [2 * MIN_COMPUTE * costs.compute_s] + [len(world_sizes) * 2 * (MIN_COMM * costs.comm_s[d] + 2 * costs.comm_start_s[d]) for d in world_sizes]
+        per_sample = [2 * MIN_COMPUTE * costs.compute_s] + [
+            len(world_sizes) * 2 * (MIN_COMM * costs.comm_s[d] + 2 * costs.comm_start_s[d]) for d in world_sizes
+        ]
         needed = (spent_s + max(per_sample)) / (1 - TRAIN_SHARE)
         raise DistrecError(
             f"a budget of {budget_s / 60:.1f} min buys only {', '.join(short)} samples here; "
@@ -221,6 +223,5 @@ def _choose(quick: list[CostModels], count: int, first_id: int, predict: Callabl
 def describe_errors(models: CostModels) -> dict[str, dict[str, float]]:
     """Each model's held-out error: test R^2, median relative error and MSE (ms^2)."""
     return {
-        name: {"r2": m["test_r2"], "median_relative_error": m["test_median_relative_error"], "mse_ms2": m["test_mse"]}
-        for name, m in models.metrics.items()
+        name: {"r2": m["test_r2"], "median_relative_error": m["test_median_relative_error"], "mse_ms2": m["test_mse"]} for name, m in models.metrics.items()
     }

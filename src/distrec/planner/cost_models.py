@@ -284,8 +284,7 @@ class CostModels:
             raise DistrecError(f"cost models {str(p)!r} are unreadable ({type(e).__name__}); retrain them") from None
         if not isinstance(state, dict) or state.get("format") != COST_MODEL_FORMAT or state.get("feature_names") != list(TABLE_FEATURE_NAMES):
             raise DistrecError(
-                f"cost models {str(p)!r} have another format than this distrec ({COST_MODEL_FORMAT}); "
-                "retrain them with 'distrec plan train-cost-models'"
+                f"cost models {str(p)!r} have another format than this distrec ({COST_MODEL_FORMAT}); retrain them with 'distrec plan train-cost-models'"
             )
         head = state.get("compute_head", "monotone")
         if head not in COMPUTE_HEADS:
@@ -385,9 +384,7 @@ class CostPredictor:
 
     def placement_costs(self, device_tables: list[list[TableSpec]]) -> dict[str, np.ndarray]:
         """Per-device predicted costs (ms) of devices holding these tables (or column shards)."""
-        compute = np.array(
-            [self.device_compute(self.embed(ts).sum(axis=0))[0] if ts else 0.0 for ts in device_tables]
-        )
+        compute = np.array([self.device_compute(self.embed(ts).sum(axis=0))[0] if ts else 0.0 for ts in device_tables])
         return self.plan_costs(compute, np.array([sum(t.dim for t in ts) for ts in device_tables]))
 
     @staticmethod

@@ -14,9 +14,7 @@ DEFAULT_SAMPLE_ROWS = 262_144
 """Rows read to measure pooling factors and histograms (the first rows of the data set)."""
 
 
-def table_specs_from_dataset(
-    dataset: Dataset, dim: int, batch_size: int, sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: bool = True
-) -> list[TableSpec]:
+def table_specs_from_dataset(dataset: Dataset, dim: int, batch_size: int, sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: bool = True) -> list[TableSpec]:
     """One TableSpec per sparse feature: the table's rows (as training sizes them), ``dim``, and
     the mean pooling factor and reuse-factor histogram of the first ``sample_rows`` rows.
 
@@ -48,7 +46,5 @@ def table_specs_from_dataset(
     specs = []
     for f, feature in enumerate(dataset.features):
         offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths[f]))])
-        specs.append(
-            table_spec_from_indices(feature.name, np.concatenate(values[f]), offsets, dataset.table_rows[feature.name], dim, batch_size)
-        )
+        specs.append(table_spec_from_indices(feature.name, np.concatenate(values[f]), offsets, dataset.table_rows[feature.name], dim, batch_size))
     return specs

@@ -126,7 +126,12 @@ def _summary(rows: list[tuple[float, float, float]]) -> dict[str, float]:
 
 
 def run_steps(
-    tables: list[TableSpec], dim_sums: list[int], batch_size: int, warmup: int, step_repeats: int, rng: np.random.Generator,
+    tables: list[TableSpec],
+    dim_sums: list[int],
+    batch_size: int,
+    warmup: int,
+    step_repeats: int,
+    rng: np.random.Generator,
     device: torch.device,
 ) -> dict[str, float]:
     """This rank's median compute, all-to-all and total times (ms) over ``step_repeats`` real

@@ -74,9 +74,7 @@ def reuse_histogram(indices: np.ndarray, window_ids: np.ndarray | None = None, w
     return hist / total if total > 0 else hist.astype(np.float64)
 
 
-def table_spec_from_indices(
-    name: str, values: np.ndarray, offsets: np.ndarray, num_rows: int, dim: int, batch_size: int
-) -> TableSpec:
+def table_spec_from_indices(name: str, values: np.ndarray, offsets: np.ndarray, num_rows: int, dim: int, batch_size: int) -> TableSpec:
     """Measure one feature's TableSpec from its jagged index stream.
 
     Args:

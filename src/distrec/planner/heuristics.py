@@ -66,9 +66,7 @@ def heuristic_placement(
     return device_of
 
 
-def _random_place(
-    sizes: list[int], num_devices: int, memory_per_device: int, pins: dict[int, int], rng: np.random.Generator
-) -> list[int] | None:
+def _random_place(sizes: list[int], num_devices: int, memory_per_device: int, pins: dict[int, int], rng: np.random.Generator) -> list[int] | None:
     """Each table (pinned first, the rest in random order) on a random device with room."""
     used = np.zeros(num_devices, dtype=np.int64)
     device_of = [-1] * len(sizes)

@@ -66,8 +66,7 @@ class SearchOptions:
     def __post_init__(self) -> None:
         if min(self.beam_width, self.candidates, self.grid_points) < 1 or self.max_steps < 0 or self.grid_max < 1:
             raise DistrecError(
-                f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, "
-                "steps >= 0 and the grid maximum >= 1"
+                f"search options {self} are out of range; beam width, candidates and grid points must be >= 1, steps >= 0 and the grid maximum >= 1"
             )
 
     @classmethod
@@ -148,9 +147,7 @@ def check_feasible(tables: list[TableSpec], num_devices: int, memory_per_device:
         )
     for rank, used in enumerate(pinned_bytes):
         if used > memory_per_device:
-            raise DistrecError(
-                f"tables pinned to rank {rank} need {used / mib:.1f} MiB, over its {memory_per_device / mib:.1f} MiB; pin fewer tables there"
-            )
+            raise DistrecError(f"tables pinned to rank {rank} need {used / mib:.1f} MiB, over its {memory_per_device / mib:.1f} MiB; pin fewer tables there")
 
 
 @dataclass
@@ -277,7 +274,13 @@ class NeuroShardSearch:
         return best
 
     def _place(
-        self, state: State, info: list[_ChunkInfo], sizes: list[int], order: list[int], bound: float, proxy_loads: list[float] | None = None,
+        self,
+        state: State,
+        info: list[_ChunkInfo],
+        sizes: list[int],
+        order: list[int],
+        bound: float,
+        proxy_loads: list[float] | None = None,
     ) -> _Evaluation:
         """Greedy placement of the chunks in ``order`` under a dim bound, scored by the cost models.
 
@@ -366,6 +369,4 @@ class NeuroShardSearch:
         dim_sums = np.zeros(self.num_devices)
         np.add.at(dim_sums, best.device_of, [c.dim for c in best_state])
         costs = self.predictor.plan_costs(np.array(best.device_compute), dim_sums)
-        return SearchResult(
-            list(best_state), best.device_of, costs, time.perf_counter() - start, self.cache_lookups, self.cache_hits, len(seen)
-        )
+        return SearchResult(list(best_state), best.device_of, costs, time.perf_counter() - start, self.cache_lookups, self.cache_hits, len(seen))

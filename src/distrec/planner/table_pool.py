@@ -130,9 +130,7 @@ def make_table_pool(
     rng = np.random.default_rng(seed)
     ref = PUBLISHED_HISTOGRAMS if reference_histograms is None else np.asarray(reference_histograms, dtype=np.float64)
     rows = _calibrated_lognormal(rng.standard_normal(num_tables), ROWS_LOG_SIGMA, *ROWS_RANGE, PUBLISHED_MEAN_ROWS)
-    pooling = _calibrated_lognormal(
-        rng.standard_normal(num_tables), POOLING_LOG_SIGMA, *POOLING_RANGE, PUBLISHED_MEAN_POOLING_FACTOR
-    )
+    pooling = _calibrated_lognormal(rng.standard_normal(num_tables), POOLING_LOG_SIGMA, *POOLING_RANGE, PUBLISHED_MEAN_POOLING_FACTOR)
     base = ref[rng.integers(len(ref), size=num_tables)]
     tilt = np.exp(rng.uniform(-HISTOGRAM_TILT, HISTOGRAM_TILT, size=(num_tables, 1)) * np.arange(NUM_HISTOGRAM_BINS))
     tilted = base * tilt
@@ -209,8 +207,6 @@ def generate_tasks(
         if fits.size == 0:
             continue
         row = fits[0]
-        tables = [
-            pool.table(int(pid), int(dim), f"t{k:03d}_pool{pid}") for k, (pid, dim) in enumerate(zip(ids[row], task_dims[row]))
-        ]
+        tables = [pool.table(int(pid), int(dim), f"t{k:03d}_pool{pid}") for k, (pid, dim) in enumerate(zip(ids[row], task_dims[row]))]
         tasks.append(ShardingTask(tables, num_devices, memory, tuple(int(i) for i in ids[row])))
     return tasks

@@ -44,9 +44,7 @@ RESERVED_FRACTION = 0.0
 FIX = "choose another --algorithm"
 
 
-def torchrec_plan(
-    tables: list[TableSpec], devices: int, memory_per_device: int, constraints: PlanConstraints, batch_size: int | None = None
-) -> ShardingPlan:
+def torchrec_plan(tables: list[TableSpec], devices: int, memory_per_device: int, constraints: PlanConstraints, batch_size: int | None = None) -> ShardingPlan:
     """TorchRec's ``EmbeddingShardingPlanner`` plan of ``tables`` on ``devices`` ranks of ``memory_per_device`` bytes.
 
     Args:

@@ -44,9 +44,7 @@ class TableSpec:
         if not (self.pooling_factor >= 0 and math.isfinite(self.pooling_factor)):
             raise DistrecError(f"table {self.name!r} has pooling factor {self.pooling_factor}; it must be a number >= 0")
         if len(self.histogram) != NUM_HISTOGRAM_BINS:
-            raise DistrecError(
-                f"table {self.name!r} has a histogram of {len(self.histogram)} bins; it needs {NUM_HISTOGRAM_BINS}"
-            )
+            raise DistrecError(f"table {self.name!r} has a histogram of {len(self.histogram)} bins; it needs {NUM_HISTOGRAM_BINS}")
         h = np.asarray(self.histogram, dtype=np.float64)
         if not np.all(np.isfinite(h)) or np.any(h < 0) or h.sum() <= 0:
             raise DistrecError(f"table {self.name!r} has a histogram with negative or no mass; give 17 fractions >= 0")

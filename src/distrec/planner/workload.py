@@ -82,9 +82,7 @@ class LookupWorkload:
 
     def __init__(self, tables: list[TableSpec], batch_size: int, device: torch.device, rng: np.random.Generator) -> None:
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
-        self.weights = [
-            torch.randn(t.num_rows, t.dim, generator=gen).mul_(0.01).to(device).requires_grad_() for t in tables
-        ]
+        self.weights = [torch.randn(t.num_rows, t.dim, generator=gen).mul_(0.01).to(device).requires_grad_() for t in tables]
         bags = [sample_bags(t, batch_size, rng) for t in tables]
         self.inputs = [(torch.from_numpy(v).to(device), torch.from_numpy(o[:-1]).to(device)) for v, o in bags]
         self.optimizer = torch.optim.SGD(self.weights, lr=LEARNING_RATE) if tables else None

@@ -110,9 +110,7 @@ class Cluster:
                 raise DistrecError(f"unknown hardware {hardware!r}; choose one of: {', '.join(HARDWARE)}")
             hardware = HARDWARE[hardware]
         if num_gpus % gpus_per_host != 0:
-            raise DistrecError(
-                f"{num_gpus} GPUs do not fill hosts of {gpus_per_host}; use a multiple of {gpus_per_host}"
-            )
+            raise DistrecError(f"{num_gpus} GPUs do not fill hosts of {gpus_per_host}; use a multiple of {gpus_per_host}")
         return cls(
             hosts=num_gpus // gpus_per_host,
             gpus_per_host=gpus_per_host,

@@ -49,7 +49,5 @@ def all_reduce_time(cluster: Cluster, num_bytes: float, algorithm: str = "hierar
         return ring_all_reduce_time(link, cluster.num_gpus, num_bytes)
     if algorithm == "hierarchical":
         local = cluster.gpus_per_host
-        return ring_all_reduce_time(cluster.scale_up, local, num_bytes) + ring_all_reduce_time(
-            cluster.scale_out, cluster.hosts, num_bytes / local
-        )
+        return ring_all_reduce_time(cluster.scale_up, local, num_bytes) + ring_all_reduce_time(cluster.scale_out, cluster.hosts, num_bytes / local)
     raise DistrecError(f"unknown all-reduce algorithm {algorithm!r}; choose one of: {', '.join(ALL_REDUCE_ALGORITHMS)}")

@@ -94,14 +94,10 @@ def predict_iteration(workload: Workload, cluster: Cluster, scheme: str, compres
         ratio = compression if scheme == "dmt" else 1.0
         intra_bytes = hosts * w.local_batch * features_per_gpu * w.embedding_dim * w.bytes_per_float
         cross_bytes = w.local_batch * (w.num_features / hosts) * w.embedding_dim * w.bytes_per_float / ratio
-        one_way = all_to_all_time(c.scale_up, local - 1, intra_bytes) + all_to_all_time(
-            c.scale_out, hosts - 1, cross_bytes
-        )
+        one_way = all_to_all_time(c.scale_up, local - 1, intra_bytes) + all_to_all_time(c.scale_out, hosts - 1, cross_bytes)
         if scheme == "dmt":
             all_reduce += ring_all_reduce_time(c.scale_up, local, 4 * w.tower_params)
-    return IterationTime(
-        compute=1e3 * compute, index_exchange=1e3 * index, embedding_exchange=2e3 * one_way, all_reduce=1e3 * all_reduce
-    )
+    return IterationTime(compute=1e3 * compute, index_exchange=1e3 * index, embedding_exchange=2e3 * one_way, all_reduce=1e3 * all_reduce)
 
 
 def speedup_table(

@@ -72,9 +72,7 @@ class TowerPartition:
     def validate(self, names: Sequence[str] | None = None) -> None:
         """Check the towers are non-empty and disjoint, and cover exactly ``names`` if given."""
         if self.strategy not in STRATEGIES:
-            raise DistrecError(
-                f"tower partition strategy {self.strategy!r} is unknown; use one of: {', '.join(STRATEGIES)}"
-            )
+            raise DistrecError(f"tower partition strategy {self.strategy!r} is unknown; use one of: {', '.join(STRATEGIES)}")
         listed = [name for tower in self.towers for name in tower]
         if not self.towers or any(not tower for tower in self.towers):
             raise DistrecError("tower partition has an empty tower; regenerate it with 'distrec partition'")
@@ -101,9 +99,7 @@ class TowerPartition:
                 seed=int(d.get("seed", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise DistrecError(
-                f"tower partition is malformed ({type(e).__name__}: {e}); regenerate it with 'distrec partition'"
-            ) from None
+            raise DistrecError(f"tower partition is malformed ({type(e).__name__}: {e}); regenerate it with 'distrec partition'") from None
         part.validate()
         return part
 
@@ -113,9 +109,7 @@ class TowerPartition:
 
     @classmethod
     def load(cls, path: str | Path) -> TowerPartition:
-        return cls.from_dict(
-            read_json(path, "tower partition", "check the --towers path or run 'distrec partition'", "regenerate it with 'distrec partition'")
-        )
+        return cls.from_dict(read_json(path, "tower partition", "check the --towers path or run 'distrec partition'", "regenerate it with 'distrec partition'"))
 
 
 def interaction_matrix(pooled: torch.Tensor) -> torch.Tensor:
@@ -133,9 +127,7 @@ def feature_distances(interaction: torch.Tensor, strategy: str) -> torch.Tensor:
     raise DistrecError(f"strategy {strategy!r} has no distances; use coherent or diverse")
 
 
-def embed_features(
-    distances: torch.Tensor, dims: int = 4, steps: int = 500, lr: float = 0.05, seed: int = 0
-) -> tuple[torch.Tensor, float]:
+def embed_features(distances: torch.Tensor, dims: int = 4, steps: int = 500, lr: float = 0.05, seed: int = 0) -> tuple[torch.Tensor, float]:
     """Coordinates ``[F, dims]`` whose pairwise distances approximate ``distances`` (Adam on stress).
 
     Returns the coordinates and their final stress (sum over pairs of squared errors).
@@ -243,9 +235,7 @@ def partition_features(
     return TowerPartition(towers, strategy, ratio, stress, seed)
 
 
-def plot_similarity(
-    interaction: torch.Tensor, names: Sequence[str], partition: TowerPartition, path: str | Path
-) -> None:
+def plot_similarity(interaction: torch.Tensor, names: Sequence[str], partition: TowerPartition, path: str | Path) -> None:
     """Write a PNG of the interaction matrix with features ordered by tower (DMT paper, Fig. 9)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -272,6 +262,4 @@ def plot_similarity(
 
 def _check_tower_count(num_features: int, num_towers: int) -> None:
     if not 1 <= num_towers <= num_features:
-        raise DistrecError(
-            f"{num_towers} towers for {num_features} features; use between 1 and {num_features} towers"
-        )
+        raise DistrecError(f"{num_towers} towers for {num_features} features; use between 1 and {num_features} towers")

@@ -117,9 +117,7 @@ def _write_meta(directory: Path, meta: dict[str, Any], checksums: dict[str, str]
     (directory / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums}, indent=2))
 
 
-def save_checkpoint(
-    run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None
-) -> Path:
+def save_checkpoint(run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None) -> Path:
     """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/checkpoint.
 
     ``write_files(directory)``, when given, adds files too large for a state dict (Hotline's
@@ -227,7 +225,13 @@ def _verify(path: Path, meta: dict[str, Any]) -> None:
     """DistrecError unless ``path`` has the checksum ``meta`` recorded for it."""
     expected = meta[CHECKSUMS].get(path.name)
     if expected is None or not path.is_file() or file_checksum(path) != expected:
-        problem = "is missing" if not path.is_file() else "is not in the checkpoint's checksums" if expected is None else "is corrupt (its checksum differs from the one saved)"
+        problem = (
+            "is missing"
+            if not path.is_file()
+            else "is not in the checkpoint's checksums"
+            if expected is None
+            else "is corrupt (its checksum differs from the one saved)"
+        )
         raise DistrecError(f"checkpoint file {str(path)!r} {problem}; {RESTART_FIX}")
 
 
@@ -273,10 +277,6 @@ def restore_embeddings(checkpoint: Path, meta: dict[str, Any], embeddings: torch
         sources = {rank % int(meta["world_size"])}
     else:
         wanted = [h.block for h in held_blocks(embeddings)]
-        sources = {
-            entry["rank"]
-            for entry in index
-            if any(w.overlap(Block(**entry["block"])) for w in wanted)
-        }
+        sources = {entry["rank"] for entry in index if any(w.overlap(Block(**entry["block"])) for w in wanted)}
     saved = [b for r in sorted(sources) for b in load_state(checkpoint, r)["blocks"]]
     import_blocks(embeddings, optimizer, saved)

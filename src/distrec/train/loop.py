@@ -196,8 +196,13 @@ class Trainer:
         train_rows = self.splits["train"]
         while self.progress.step < self.total_steps:
             batches = self.dataset.batches(
-                train_rows, t.batch_size, shuffle=True, seed=t.seed, epoch=self.progress.epoch,
-                start_step=self.progress.step_in_epoch, shard=(self.rank, self.world_size),
+                train_rows,
+                t.batch_size,
+                shuffle=True,
+                seed=t.seed,
+                epoch=self.progress.epoch,
+                start_step=self.progress.step_in_epoch,
+                shard=(self.rank, self.world_size),
             )
             for batch in self._timed(batches):
                 global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
@@ -258,7 +263,9 @@ class Trainer:
         """A resumed run that already trained its length: say so, write nothing; its summary."""
         if self.rank != 0:
             return None
-        logger.warning(f"{self.out} already trained {self.progress.step} of {self.total_steps} steps: nothing to do; raise --max-steps or --epochs to train further")
+        logger.warning(
+            f"{self.out} already trained {self.progress.step} of {self.total_steps} steps: nothing to do; raise --max-steps or --epochs to train further"
+        )
         summary = self.out / SUMMARY_FILE
         return json.loads(summary.read_text()) if summary.is_file() else None
 

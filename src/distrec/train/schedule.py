@@ -39,9 +39,7 @@ class LRSchedule:
         if self.decay not in DECAYS:
             raise DistrecError(f"train.decay is {self.decay!r}; choose one of: {', '.join(DECAYS)}")
         if self.decay != "none" and self.decay_steps < 1:
-            raise DistrecError(
-                f"train.decay is {self.decay!r} but train.decay_steps is {self.decay_steps}; set train.decay_steps to at least 1"
-            )
+            raise DistrecError(f"train.decay is {self.decay!r} but train.decay_steps is {self.decay_steps}; set train.decay_steps to at least 1")
         if min(self.warmup_steps, self.decay_start_step, self.decay_steps) < 0:
             raise DistrecError("train.warmup_steps, train.decay_start_step and train.decay_steps must be 0 or more")
 
@@ -58,9 +56,7 @@ class LRSchedule:
         return (1.0 - p) ** 2
 
 
-def make_schedulers(
-    optimizers: list[Optimizer], warmup_steps: int = 0, decay: str = "none", decay_start_step: int = 0, decay_steps: int = 0
-) -> list[LambdaLR]:
+def make_schedulers(optimizers: list[Optimizer], warmup_steps: int = 0, decay: str = "none", decay_start_step: int = 0, decay_steps: int = 0) -> list[LambdaLR]:
     """One ``LambdaLR`` per optimizer following ``LRSchedule(...)``; step them once per optimizer step.
 
     Their ``state_dict`` holds the step count (and the schedule's fields), so a resumed run
