@@ -14,3 +14,29 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data samples not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+# Modules whose tests start several processes (gloo groups, the launcher): marked
+# ``multiprocess`` so that a quick run can leave them out with -m "not multiprocess".
+MULTIPROCESS_MODULES = {
+    "test_cli_processes",
+    "test_comm_timeout",
+    "test_hotline_distributed",
+    "test_parallel_sptt_embedding",
+    "test_planner_collect",
+    "test_planner_emit",
+    "test_planner_execute",
+    "test_sharded_embedding",
+    "test_sptt",
+    "test_torchrec_format",
+    "test_train_distributed",
+    "test_train_dmt",
+    "test_train_sptt",
+    "test_train_two_d",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in MULTIPROCESS_MODULES:
+            item.add_marker(pytest.mark.multiprocess)
