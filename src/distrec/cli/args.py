@@ -11,9 +11,10 @@ from distrec.errors import DistrecError
 EXAMPLES_FORMAT = argparse.RawDescriptionHelpFormatter
 
 
-def add_data_args(p: argparse.ArgumentParser) -> None:
-    """--data, --data-format, --schema, --cache-dir, --strict, --no-progress."""
-    p.add_argument("--data", metavar="PATH", help="input file or directory (default: generated synthetic data)")
+def add_data_args(p: argparse.ArgumentParser, data_default: str = "generated synthetic data") -> None:
+    """--data, --data-format, --schema, --cache-dir, --strict, --no-progress; ``data_default``
+    says in the help what is read without --data."""
+    p.add_argument("--data", metavar="PATH", help=f"input file or directory (default: {data_default})")
     p.add_argument("--data-format", choices=["criteo", "movielens", "csv", "parquet", "synthetic"], help="input format")
     p.add_argument("--schema", metavar="FILE", help="YAML schema for csv/parquet: label, dense and categorical columns")
     p.add_argument("--cache-dir", metavar="DIR", help="where parsed data is cached (default $DISTREC_CACHE or ~/.cache/distrec)")

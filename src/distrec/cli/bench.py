@@ -14,7 +14,7 @@ EXAMPLES = """
 examples:
   distrec bench hotline --out runs/hotline-synthetic             # synthetic Zipf(1.05) data
   distrec bench hotline --data-format criteo --data ../shared/data/criteo/criteo_kaggle_sample.tsv \\
-      --batch-size 128 --out runs/hotline-criteo
+      --batch-size 32 --out runs/hotline-criteo
   distrec bench hotline --data-format movielens --data ../shared/data/movielens --batch-size 256 \\
       --budgets 16KB,64KB,256KB,1MB --sample-rates 0.05,0.25,1 --out runs/hotline-movielens
 

@@ -18,7 +18,7 @@ examples:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory or its checkpoint/ folder")
-    add_data_args(p)
+    add_data_args(p, data_default="the run's own data, scoring its validation split")
     p.add_argument("--batch-size", type=int, default=16384, metavar="B", help="evaluation batch size (default 16384)")
     add_trust_arg(p)
     p.set_defaults(handler=run)

@@ -25,7 +25,7 @@ examples:
   distrec train --data-format movielens --data ../shared/data/movielens --epochs 3 --out runs/ml
   distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
-  distrec train --hotline --hot-budget 64MB --sample-rate 0.05 --relearn-every 200 --out runs/hot
+  distrec train --hotline --hot-budget 64MB --sample-rate 0.25 --relearn-every 40 --out runs/hot
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json --out runs/sptt
   distrec train --nproc-per-node 4 --hosts 2 --ranks-per-host 2 --lookup sptt --towers towers.json \\
       --tower-module dlrm --compression 4 --out runs/dmt   # DMT-DLRM; summary.json gets "dmt"
