@@ -67,6 +67,6 @@ def test_a_run_removes_the_temporaries_of_a_checkpoint_save_killed_earlier(tmp_p
         d.mkdir()
         (d / "state-rank0.pt").write_bytes(b"half")
     # the resumed run's checkpoint save (atomic_directory) clears them first
-    assert main(["train", "--resume", str(run), "--max-steps", "2", "--no-progress"]) == 0
+    assert main(["train", "--resume", str(run), "--max-steps", "3", "--no-progress"]) == 0
     capsys.readouterr()
     assert not any(d.exists() for d in killed) and (run / "checkpoint" / "meta.json").is_file()

@@ -67,8 +67,8 @@ def test_dmt_on_2_hosts_x_2_ranks_equals_the_single_process_dmt_model(tmp_path, 
     assert cost["mflops_per_sample"] > 0 and cost["baseline_mflops_per_sample"] > 0
     # distrec evaluate gathers every tower from the ranks that held it (AUC of models equal
     # but for the entries above)
-    assert evaluate_checkpoint(run, None, None, progress=False)["auc"] == pytest.approx(
-        evaluate_checkpoint(single, None, None, progress=False)["auc"], abs=1e-4
+    assert evaluate_checkpoint(run, None, None, progress=False, split="all")["auc"] == pytest.approx(
+        evaluate_checkpoint(single, None, None, progress=False, split="all")["auc"], abs=1e-4
     )
 
 

@@ -18,7 +18,13 @@ examples:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on data", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory or its checkpoint/ folder")
-    add_data_args(p, data_default="the run's own data, scoring its validation split")
+    add_data_args(p, data_default="the run's own data, scoring its --split")
+    p.add_argument(
+        "--split",
+        choices=["val", "test", "all"],
+        default="val",
+        help="without --data: which of the run's rows to score, split as the run split them (default val)",
+    )
     p.add_argument("--batch-size", type=int, default=16384, metavar="B", help="evaluation batch size (default 16384)")
     add_trust_arg(p)
     p.set_defaults(handler=run)
@@ -38,6 +44,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             strict=args.strict,
             batch_size=args.batch_size,
             progress=not args.no_progress,
+            split=args.split,
         )
     print(json.dumps(result))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -83,9 +83,11 @@ def evaluate_checkpoint(
     strict: bool | None = None,
     batch_size: int = 16384,
     progress: bool = True,
+    split: Literal["val", "test", "all"] = "val",
 ) -> dict[str, float | str]:
     """Metrics of a saved model, hashed as in the saved run: on every row of ``data_path``, or,
-    without it, on the run's own validation rows (its data, split as it was split).
+    without it, on the run's own data: its ``split`` (``val``, ``test``, split as the run split
+    it, or ``all`` rows).
 
     The result's ``scored`` says which: ``all rows of PATH`` or ``the run's val split``.
     """
@@ -104,8 +106,10 @@ def evaluate_checkpoint(
     if dataset.num_dense != meta["num_dense"] or [t.name for t in dataset.tables(cfg.model.embedding_dim)] != [t.name for t in tables]:
         raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
     dataset.override_tables(tables)
-    if data_path is None:
-        rows, scored = split_rows(dataset, cfg)["val"], "the run's val split"
+    if data_path is None and split != "all":
+        rows, scored = split_rows(dataset, cfg)[split], f"the run's {split} split"
+    elif data_path is None:
+        rows, scored = np.arange(dataset.num_rows, dtype=np.int64), "all rows of the run's data"
     else:
         rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {data_path}"
     return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored}
