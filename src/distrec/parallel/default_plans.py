@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from distrec.errors import DistrecError
 from distrec.parallel.plan import SHARDING_TYPES, Shard, ShardingPlan, TablePlacement
+from distrec.planner.placement import greedy_place
 from distrec.tables import TableConfig
 
 
@@ -38,30 +41,52 @@ def uniform_plan(tables: list[TableConfig], world_size: int, sharding: str) -> S
 
 
 def greedy_plan(tables: list[TableConfig], world_size: int, memory_per_rank: int | None = None) -> ShardingPlan:
-    """Table-wise placement balancing rows x dim per rank, largest table first.
+    """Size-greedy table-wise placement (``planner.placement.greedy_place``, largest table first,
+    each on the rank with the fewest bytes), the NeuroShard paper's size-greedy baseline.
 
-    A table that fits on no rank under ``memory_per_rank`` (bytes) is split row-wise over all
-    ranks. Raises DistrecError when the tables cannot fit at all.
+    While the tables do not fit table-wise under ``memory_per_rank`` (bytes), the largest
+    table-wise table is split row-wise over all ranks instead. Raises DistrecError when the
+    tables cannot fit at all.
     """
     if world_size < 1:
         raise DistrecError(f"world size {world_size} must be at least 1")
-    load = [0] * world_size
-    placements: dict[str, TablePlacement] = {}
-    for t in sorted(tables, key=lambda t: (-t.num_bytes, t.name)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        if memory_per_rank is None or load[rank] + t.num_bytes <= memory_per_rank:
-            placements[t.name] = TablePlacement(t.name, "table_wise", [Shard(rank, 0, t.num_rows, 0, t.dim)])
-            load[rank] += t.num_bytes
-            continue
-        cuts = _even_cuts(t.num_rows, world_size)
-        shards = [Shard(r, a, b, 0, t.dim) for r, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
-        for s in shards:
-            load[s.rank] += s.num_bytes
-        if any(used > memory_per_rank for used in load):
-            need = sum(x.num_bytes for x in tables)
+    memory = math.inf if memory_per_rank is None else memory_per_rank
+    order = sorted(range(len(tables)), key=lambda i: (-tables[i].num_bytes, tables[i].name))
+    row_wise: list[int] = []
+    while True:
+        split = {i: _row_wise_shards(tables[i], world_size) for i in row_wise}
+        used = [sum(s.num_bytes for shards in split.values() for s in shards if s.rank == r) for r in range(world_size)]
+        whole = [i for i in order if i not in split]
+        placed = _size_greedy(tables, whole, world_size, memory - max(used))
+        if placed is not None:
+            break
+        if not whole or max(used) > memory:
+            need = sum(t.num_bytes for t in tables)
             raise DistrecError(
-                f"the tables need {need / 2**20:.1f} MiB but {world_size} ranks x {memory_per_rank / 2**20:.1f} MiB "
+                f"the tables need {need / 2**20:.1f} MiB but {world_size} ranks x {memory / 2**20:.1f} MiB "
                 "cannot hold them; use more ranks, a larger memory limit or a smaller data.max_ind_range"
             )
-        placements[t.name] = TablePlacement(t.name, "row_wise", shards)
-    return ShardingPlan(world_size, [placements[t.name] for t in tables])
+        row_wise.append(whole[0])
+    placements = [
+        TablePlacement(t.name, "row_wise", split[i]) if i in split else TablePlacement(t.name, "table_wise", [Shard(placed[i], 0, t.num_rows, 0, t.dim)])
+        for i, t in enumerate(tables)
+    ]
+    return ShardingPlan(world_size, placements)
+
+
+def _row_wise_shards(table: TableConfig, world_size: int) -> list[Shard]:
+    cuts = _even_cuts(table.num_rows, world_size)
+    return [Shard(r, a, b, 0, table.dim) for r, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
+
+
+def _size_greedy(tables: list[TableConfig], order: list[int], world_size: int, memory: float) -> dict[int, int] | None:
+    """Rank of each table in ``order`` placed size-greedily within ``memory`` bytes per rank, or None."""
+    sizes = [tables[i].num_bytes for i in order]
+    load = [0.0] * world_size
+
+    def add_item(rank: int, item: int) -> float:
+        load[rank] += sizes[item]
+        return load[rank]
+
+    placed = greedy_place(range(len(order)), sizes, [tables[i].dim for i in order], world_size, memory, add_item)
+    return None if placed is None else {table: rank for table, rank in zip(order, placed[0])}

@@ -11,7 +11,7 @@ def greedy_place(
     sizes: Sequence[int],
     dims: Sequence[int],
     num_devices: int,
-    memory_per_device: int,
+    memory_per_device: float,
     add_item: Callable[[int, int], float],
     pins: dict[int, int] | None = None,
     dim_bound: float = math.inf,

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
 from distrec.kernels.rows import add_to_distinct_rows
+from distrec.models.base import RecommendationModel
 from distrec.models.embedding import sum_by_row
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
@@ -222,7 +223,7 @@ DENSE_OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": torch.optim.SGD, "adagrad
 
 
 def make_optimizers(
-    model: nn.Module,
+    model: RecommendationModel,
     name: str,
     lr: float,
     embedding_name: str | None = None,
@@ -235,7 +236,7 @@ def make_optimizers(
     ``model.sparse_parameters()``.
 
     Args:
-        model: a RecommendationModel (any module with those two methods).
+        model: the model whose parameter groups get the optimizers.
         name: ``sgd``, ``adagrad`` or ``adam`` for the dense parameters.
         lr: learning rate of the dense parameters.
         embedding_name: optimizer of the embeddings (default: ``name``; Adagrad is row-wise).
@@ -255,8 +256,7 @@ def make_optimizers(
         if value not in OPTIMIZER_NAMES:
             raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(OPTIMIZER_NAMES)}")
     optimizers: list[Optimizer] = []
-    towers = model.tower_parameters() if hasattr(model, "tower_parameters") else []
-    for dense in (model.dense_parameters(), towers):
+    for dense in (model.dense_parameters(), model.tower_parameters()):
         if dense:
             fused = all(p.device.type in ("cpu", "cuda") for p in dense)
             optimizers.append(DENSE_OPTIMIZERS[name](dense, lr=lr, weight_decay=weight_decay, fused=fused or None))
