@@ -65,6 +65,7 @@ CONFIG_FIELDS = {
     "max_ind_range": "data.max_ind_range",
     "epochs": "train.epochs",
     "max_steps": "train.max_steps",
+    "patience": "train.patience",
     "batch_size": "train.batch_size",
     "lr": "train.lr",
     "optimizer": "train.optimizer",
