@@ -19,10 +19,12 @@ embedding, e bytes per float, i bytes per index, pooling p:
   gradient rows (``average_sparse_grads``); a rank's shard sees ``S b p`` lookups per table
   of a group's step, ``table_rows (1 - (1 - 1/table_rows)^(S b p))`` distinct rows in
   expectation under uniform access (an upper bound for skewed real data), times F / S;
-  ``periodic``: every K steps, all-reduces of the shard's weights
-  (``F/S x table_rows x D`` floats) and row-wise optimizer state, divided by K;
-- all-reduce: the dense gradients over all N ranks; DMT's tower-module gradients over the
-  L ranks of a host and the same host of every group (G hosts).
+  ``periodic``: every K steps, one all-reduce per table shard of its weights and one of its
+  row-wise optimizer state (``F/S x table_rows x D`` and ``x row_state_floats`` floats in
+  all), divided by K;
+- all-reduce: the dense gradients over all N ranks (as one all-reduce; DDP's buckets split
+  it into more messages); DMT's tower-module gradients over the L ranks of a host and the
+  same host of every group (G hosts).
 
 Compute: dense forward + backward = 3 x forward FLOPs at ``peak x efficiency``; DMT adds
 its tower modules (b samples' worth of all towers' FLOPs per GPU). Lookups and optimizer
@@ -119,10 +121,10 @@ def replica_sync(workload: Workload, cluster: Cluster, groups: int, sync: Replic
             + all_gather(c, rows * w.bytes_per_index, hosts, per_host)
             + all_gather(c, rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
         )
-    shard_rows = w.num_features / size * w.table_rows
-    weights = all_reduce(c, shard_rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
-    state = all_reduce(c, shard_rows * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
-    return (weights + state) * (1.0 / sync_every)
+    rows_per_table = w.num_features / size * w.table_rows / tables  # one all-reduce per table shard and tensor
+    weights = all_reduce(c, rows_per_table * w.embedding_dim * w.bytes_per_float, hosts, per_host)
+    state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
+    return (weights + state) * (tables / sync_every)
 
 
 def gradient_all_reduce(workload: Workload, cluster: Cluster, groups: int = 1, towers: bool = False) -> Traffic:
