@@ -18,7 +18,7 @@ from typing import Literal, get_args
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
 from distrec.sim.collectives import Traffic
-from distrec.sim.components import ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
+from distrec.sim.components import Lookup, ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
 from distrec.sim.workload import Workload
 
 Scheme = Literal["flat", "sptt", "dmt", "2d", "dmt-2d"]
@@ -103,7 +103,7 @@ def predict(
     if groups != 1 and scheme not in TWO_D_SCHEMES:
         raise DistrecError(f"scheme {scheme!r} has no replica groups; use 2d or dmt-2d for {groups} groups")
     towers = scheme in ("dmt", "dmt-2d")
-    lookup = "flat" if scheme in ("flat", "2d") else "sptt"
+    lookup: Lookup = "flat" if scheme in ("flat", "2d") else "sptt"
     return Prediction(
         groups=groups,
         compute_ms=compute_ms(workload, cluster, towers),
