@@ -87,6 +87,19 @@ def test_exact_sync_moves_the_touched_rows():
         assert doubled.bytes - 8 * tables * (groups - 1) == pytest.approx(2 * (t.bytes - 8 * tables * (groups - 1)), rel=1e-6)
     tiny = dataclasses.replace(Workload(), table_rows=10)  # every row touched: the shard's F/S x 10 rows
     assert touched_rows(tiny, c, 4) == pytest.approx(256 / 16 * 10)
+    # tables of given sizes: a small one wholly touched, a huge one once per lookup
+    two = Workload(local_batch=32, num_features=2, pooling=1, table_rows=(10, 10**12))
+    assert touched_rows(two, c, 4) == pytest.approx((10 + 16 * 32) / 16)
+
+
+def test_periodic_sync_moves_each_tables_rows():
+    c = two_by_two()
+    sizes = dataclasses.replace(SMALL, table_rows=(100, 300, 50, 50))  # 500 rows, 250 per rank, 2 table shards
+    t = replica_sync(sizes, c, 2, "periodic", 1)
+    assert t.bytes == pytest.approx(250 * (8 + 1) * 4) and t.messages == 2 * 2 * 2
+    assert replica_sync(dataclasses.replace(SMALL, table_rows=125), c, 2, "periodic", 1) == t
+    with pytest.raises(DistrecError, match="one for each of the 4 tables"):
+        dataclasses.replace(SMALL, table_rows=(100, 300))
 
 
 def test_periodic_sync_costs_one_k_th_per_step():

@@ -3,7 +3,8 @@
 N = H x L ranks (H hosts of L) form G replica groups of S = N / G consecutive ranks (G = 1:
 plain full sharding). Every group holds all F tables, F / S per rank (fractional when S > F:
 column-wise shards, which exchange the same bytes); b samples per rank, D floats per
-embedding, e bytes per float, i bytes per index, pooling p:
+embedding, e bytes per float, i bytes per index, pooling p. Bytes and rows are means over
+the ranks of a group (what a balanced plan gives each rank):
 
 - index exchange (distrec's input all-to-all over the S ranks of the group): the split
   counts (2 indices per peer), the bag lengths (``b F/S`` per peer) and the indices
@@ -16,12 +17,12 @@ embedding, e bytes per float, i bytes per index, pooling p:
 - replica sync among the G ranks that hold the same shard (rank s of every group; one per
   host when S >= L):
   ``exact``: every step, ring all-gathers of the entry counts, the touched row ids and their
-  gradient rows (``average_sparse_grads``); a rank's shard sees ``S b p`` lookups per table
-  of a group's step, ``table_rows (1 - (1 - 1/table_rows)^(S b p))`` distinct rows in
-  expectation under uniform access (an upper bound for skewed real data), times F / S;
-  ``periodic``: every K steps, one all-reduce per table shard of its weights and one of its
-  row-wise optimizer state (``F/S x table_rows x D`` and ``x row_state_floats`` floats in
-  all), divided by K;
+  gradient rows (``average_sparse_grads``); a table of R rows sees ``S b p`` lookups in a
+  group's step, ``R (1 - (1 - 1/R)^(S b p))`` distinct rows in expectation under uniform
+  access (an upper bound for skewed real data), and a rank holds 1/S of the tables' sum;
+  ``periodic``: every K steps, one all-reduce per table shard (``ceil(F/S)`` per rank) of
+  its weights and one of its row-wise optimizer state (1/S of all rows, times D and times
+  ``row_state_floats`` floats), divided by K;
 - all-reduce: the dense gradients over all N ranks (as one all-reduce; DDP's buckets split
   it into more messages); DMT's tower-module gradients over the L ranks of a host and the
   same host of every group (G hosts).
@@ -97,9 +98,10 @@ def distinct_rows(lookups: float, rows: int) -> float:
 
 
 def touched_rows(workload: Workload, cluster: Cluster, groups: int) -> float:
-    """Rows of one rank's shard that its group touches in one step (expected, uniform access)."""
+    """Rows of one rank's shard that its group touches in one step (expected under uniform
+    access; the mean over the group's ranks)."""
     w, size = workload, group_size(cluster, groups)
-    return w.num_features / size * distinct_rows(size * w.local_batch * w.pooling, w.table_rows)
+    return sum(distinct_rows(size * w.local_batch * w.pooling, rows) for rows in w.rows_per_table()) / size
 
 
 def replica_sync(workload: Workload, cluster: Cluster, groups: int, sync: ReplicaSync = "periodic", sync_every: int = 1) -> Traffic:
@@ -121,7 +123,7 @@ def replica_sync(workload: Workload, cluster: Cluster, groups: int, sync: Replic
             + all_gather(c, rows * w.bytes_per_index, hosts, per_host)
             + all_gather(c, rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
         )
-    rows_per_table = w.num_features / size * w.table_rows / tables  # one all-reduce per table shard and tensor
+    rows_per_table = sum(w.rows_per_table()) / size / tables  # one all-reduce per table shard and tensor
     weights = all_reduce(c, rows_per_table * w.embedding_dim * w.bytes_per_float, hosts, per_host)
     state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
     return (weights + state) * (tables / sync_every)

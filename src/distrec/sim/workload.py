@@ -20,7 +20,8 @@ class Workload:
         dense_params: replicated dense parameters, all-reduced every iteration (fp32 gradients).
         tower_mflops: DMT only: forward MFLOPs per sample of all tower modules together.
         tower_params: DMT only: parameters of one host's tower module.
-        table_rows: rows of each table (2D: the size of a replica and of its touched rows).
+        table_rows: rows of every table, or of each table (F values) (2D: the size of a replica
+            and of its touched rows).
         row_state_floats: row-wise optimizer state per row (1 for row-wise Adagrad), averaged
             with the weights by 2D ``periodic`` sync.
         bytes_per_float: bytes per exchanged embedding, gradient or table value.
@@ -35,14 +36,23 @@ class Workload:
     dense_params: int = 10_000_000
     tower_mflops: float = 0.0
     tower_params: int = 0
-    table_rows: int = 1_000_000
+    table_rows: int | tuple[int, ...] = 1_000_000
     row_state_floats: int = 1
     bytes_per_float: int = 4
     bytes_per_index: int = 8
 
     def __post_init__(self) -> None:
-        positive = ("local_batch", "num_features", "embedding_dim", "table_rows", "bytes_per_float", "bytes_per_index")
+        positive = ("local_batch", "num_features", "embedding_dim", "bytes_per_float", "bytes_per_index")
         for f in fields(self):
             value = getattr(self, f.name)
-            if value < 0 or (f.name in positive and value == 0):
+            if f.name != "table_rows" and (value < 0 or (f.name in positive and value == 0)):
                 raise DistrecError(f"workload {f.name} = {value} is invalid; use a {'positive' if f.name in positive else 'non-negative'} value")
+        rows = self.rows_per_table()
+        if len(rows) != self.num_features or min(rows) < 1:
+            raise DistrecError(
+                f"workload table_rows = {self.table_rows} is invalid; give one positive row count, or one for each of the {self.num_features} tables"
+            )
+
+    def rows_per_table(self) -> tuple[int, ...]:
+        """Rows of each of the F tables."""
+        return tuple(self.table_rows) if isinstance(self.table_rows, (tuple, list)) else (self.table_rows,) * self.num_features
