@@ -5,7 +5,7 @@ import pytest
 
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster, LinkParams
-from distrec.sim.components import distinct_rows, embedding_exchange, replica_sync, touched_rows
+from distrec.sim.components import Groups, distinct_rows, embedding_exchange, replica_sync, touched_rows
 from distrec.sim.iteration import SCHEMES, predict, predict_dmt, predict_flat, predict_two_d
 from distrec.sim.scaling import best_prediction, group_choices, scaling_table, weak_scaling_efficiency
 from distrec.sim.workload import Workload
@@ -38,7 +38,7 @@ def test_small_cluster_traffic_matches_the_hand_count():
     assert exact.embedding_exchange.bytes == 2 * 128 * 8 * 4 and exact.embedding_exchange.messages == 2
     # the replica set (rank s of each host) all-gathers counts, row ids and rows of the touched rows
     rows = 2 * 100 * (1 - 0.99**256)  # 2 tables, 2 x 64 x 2 = 256 lookups each into 100 rows
-    assert touched_rows(SMALL, c, 2) == pytest.approx(rows)
+    assert touched_rows(SMALL, 2) == pytest.approx(rows)
     assert exact.replica_sync.bytes == pytest.approx(2 * 8 + rows * (8 + 8 * 4))
     assert exact.replica_sync.cross_host_bytes == exact.replica_sync.bytes and exact.replica_sync.messages == 3
     assert exact.replica_sync.ms == pytest.approx(1e3 * (OUT.time_s(16) + OUT.time_s(rows * 8) + OUT.time_s(rows * 32)))
@@ -65,7 +65,7 @@ def test_all_to_all_bytes_per_rank_follow_the_group_size():
     sent = []
     for groups in group_choices(c, "2d"):
         size = c.num_gpus // groups
-        t = embedding_exchange(w, c, groups)
+        t = embedding_exchange(w, c, Groups.on(c, groups))
         assert t.bytes == pytest.approx(2 * per_direction * (size - 1) / size)
         assert t.cross_host_bytes == pytest.approx(2 * per_direction * (size - min(size, 8)) / size)
         assert t.messages == 2 * (size - 1)
@@ -80,24 +80,24 @@ def test_exact_sync_moves_the_touched_rows():
     for groups in (2, 4, 8):
         size = 64 // groups
         rows = big.num_features * big.local_batch * big.pooling  # F/S tables x S b p lookups
-        t = replica_sync(big, c, groups, "exact")
+        t = replica_sync(big, c, Groups.on(c, groups), "exact")
         tables = -(-big.num_features // size)
         assert t.bytes == pytest.approx((groups - 1) * (8 * tables + rows * (8 + 4 * big.embedding_dim)), rel=1e-6)
-        doubled = replica_sync(dataclasses.replace(big, pooling=2 * big.pooling), c, groups, "exact")
+        doubled = replica_sync(dataclasses.replace(big, pooling=2 * big.pooling), c, Groups.on(c, groups), "exact")
         assert doubled.bytes - 8 * tables * (groups - 1) == pytest.approx(2 * (t.bytes - 8 * tables * (groups - 1)), rel=1e-6)
     tiny = dataclasses.replace(Workload(), table_rows=10)  # every row touched: the shard's F/S x 10 rows
-    assert touched_rows(tiny, c, 4) == pytest.approx(256 / 16 * 10)
+    assert touched_rows(tiny, 16) == pytest.approx(256 / 16 * 10)
     # tables of given sizes: a small one wholly touched, a huge one once per lookup
     two = Workload(local_batch=32, num_features=2, pooling=1, table_rows=(10, 10**12))
-    assert touched_rows(two, c, 4) == pytest.approx((10 + 16 * 32) / 16)
+    assert touched_rows(two, 16) == pytest.approx((10 + 16 * 32) / 16)
 
 
 def test_periodic_sync_moves_each_tables_rows():
     c = two_by_two()
     sizes = dataclasses.replace(SMALL, table_rows=(100, 300, 50, 50))  # 500 rows, 250 per rank, 2 table shards
-    t = replica_sync(sizes, c, 2, "periodic", 1)
+    t = replica_sync(sizes, c, Groups.on(c, 2), "periodic", 1)
     assert t.bytes == pytest.approx(250 * (8 + 1) * 4) and t.messages == 2 * 2 * 2
-    assert replica_sync(dataclasses.replace(SMALL, table_rows=125), c, 2, "periodic", 1) == t
+    assert replica_sync(dataclasses.replace(SMALL, table_rows=125), c, Groups.on(c, 2), "periodic", 1) == t
     with pytest.raises(DistrecError, match="one for each of the 4 tables"):
         dataclasses.replace(SMALL, table_rows=(100, 300))
 
@@ -105,12 +105,37 @@ def test_periodic_sync_moves_each_tables_rows():
 def test_periodic_sync_costs_one_k_th_per_step():
     c = Cluster.from_hardware("A100", 256)
     w = Workload()
-    once = replica_sync(w, c, 8, "periodic", 1)
+    once = replica_sync(w, c, Groups.on(c, 8), "periodic", 1)
     assert once.bytes > 0 and once.cross_host_bytes == once.bytes  # replicas of a shard sit on different hosts
     for k in (2, 10, 50):
-        every = replica_sync(w, c, 8, "periodic", k)
+        every = replica_sync(w, c, Groups.on(c, 8), "periodic", k)
         assert every.as_dict() == pytest.approx((once * (1 / k)).as_dict())
-    assert replica_sync(w, c, 1, "periodic", 1).bytes == 0
+    assert replica_sync(w, c, Groups.on(c, 1), "periodic", 1).bytes == 0
+
+
+def test_group_layouts():
+    c = Cluster.from_hardware("H100", 64)  # 8 hosts of 8
+    assert Groups.on(c, 2) == Groups(2, 32, group_per_host=8, replicas_per_host=1)
+    assert Groups.on(c, 16) == Groups(16, 4, group_per_host=4, replicas_per_host=2)
+    assert Groups.on(c, 2, "strided") == Groups(2, 32, group_per_host=4, replicas_per_host=2)
+    assert Groups.on(c, 16, "strided") == Groups(16, 4, group_per_host=1, replicas_per_host=8)
+    assert (Groups.on(c, 16, "strided").group_hosts, Groups.on(c, 16, "strided").replica_hosts) == (4, 2)
+    w = Workload()
+    # TorchRec's layout: the replicas of a shard share a host, the group spreads over all hosts
+    contiguous, strided = (predict_two_d(w, c, groups=4, layout=layout) for layout in ("contiguous", "strided"))
+    assert strided.replica_sync.cross_host_bytes == 0 < contiguous.replica_sync.cross_host_bytes
+    assert strided.replica_sync.bytes == contiguous.replica_sync.bytes
+    assert strided.embedding_exchange.cross_host_bytes > contiguous.embedding_exchange.cross_host_bytes
+    assert predict_two_d(w, c, groups=1, layout="strided").total_ms == predict_flat(w, c).total_ms
+    assert group_choices(c, "2d", "strided") == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(DistrecError, match="3 replica groups do not divide"):
+        Groups.on(c, 3, "strided")
+    with pytest.raises(DistrecError, match="strided replica groups do not tile hosts of 8"):
+        Groups.on(Cluster.from_hardware("H100", 96), 12, "strided")
+    with pytest.raises(DistrecError, match="use the contiguous layout"):
+        predict_two_d(w, c, groups=2, compression=4.0, layout="strided")
+    with pytest.raises(DistrecError, match="unknown replica layout"):
+        Groups.on(c, 2, "diagonal")  # type: ignore[arg-type]
 
 
 def test_dmt_two_d_with_one_host_per_group_is_two_d():
@@ -184,7 +209,7 @@ def test_simulate_two_d_command(capsys, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(plot)
     assert main(argv[:-2]) == 0  # the fastest G at each size, no plot
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["replica_groups"] == "fastest" and "plot" not in result
+    assert result["replica_groups"] == "fastest" and result["replica_layout"] == "contiguous" and "plot" not in result
     assert [r["dmt-2d_groups"] for r in result["rows"]][0] <= 2
 
 
@@ -195,3 +220,8 @@ def test_simulate_two_d_command_errors(capsys):
     assert "distrec: error: 3 replica groups do not divide 16 GPUs" in capsys.readouterr().err
     assert main(["simulate", "--schemes", "dmt-2d", "--gpus", "16", "--replica-groups", "4"]) == 2
     assert "distrec: error: SPTT needs whole hosts in each group" in capsys.readouterr().err
+    # the strided layout is 2D's; DMT x 2D keeps contiguous groups of hosts
+    assert main(["simulate", "--hardware", "H100", "--gpus", "64", "--replica-layout", "strided", "--replica-groups", "16"]) == 2
+    assert "distrec: error: SPTT needs whole hosts in each group" in capsys.readouterr().err
+    assert main(["simulate", "--hardware", "H100", "--gpus", "64", "--schemes", "2d", "dmt-2d", "--replica-layout", "strided"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"][0]["dmt-2d_groups"] <= 8

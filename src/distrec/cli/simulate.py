@@ -12,6 +12,7 @@ examples:
   distrec simulate                                    # all schemes, V100/A100/H100, 16..4096 GPUs, 8 per host
   distrec simulate --schemes flat dmt 2d dmt-2d --gpus 16 64 256 1024 4096 -o sim.json   # also sim.png
   distrec simulate --hardware H100 --schemes 2d --replica-groups 8 --replica-sync exact
+  distrec simulate --hardware H100 --schemes flat 2d --replica-layout strided   # TorchRec's placement
   distrec simulate --hardware A100 --compression 8 --gpus 64 128 256 512 --plot eff.png
 
 Prints one row per (hardware, GPUs): predicted ms per iteration of each scheme, the replica
@@ -23,7 +24,7 @@ last line is one JSON object: the rows and weak_scaling_efficiency[hardware][sch
 
 def register(sub: argparse._SubParsersAction) -> None:
     from distrec.sim.cluster import HARDWARE
-    from distrec.sim.components import REPLICA_SYNCS
+    from distrec.sim.components import LAYOUTS, REPLICA_SYNCS
     from distrec.sim.iteration import SCHEMES
     from distrec.sim.workload import Workload
 
@@ -40,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-groups", type=int, metavar="G", help="2D schemes: G replica groups at every size (default: the fastest G at each size)")
     p.add_argument("--replica-sync", default="periodic", choices=list(REPLICA_SYNCS), help="2D schemes: how replicas stay consistent (default periodic)")
     p.add_argument("--sync-every", type=int, default=10, metavar="K", help="2D periodic sync: average the replicas every K steps (default 10)")
+    p.add_argument(
+        "--replica-layout",
+        default="contiguous",
+        choices=list(LAYOUTS),
+        help="2D groups of consecutive ranks (distrec's), or strided so that a shard's replicas share a host (TorchRec's); DMT x 2D is always contiguous",
+    )
     p.add_argument("--local-batch", type=int, default=w.local_batch, metavar="B", help=f"samples per GPU (default {w.local_batch})")
     p.add_argument("--features", type=int, default=w.num_features, metavar="F", help=f"sparse features (default {w.num_features})")
     p.add_argument("--embedding-dim", type=int, default=w.embedding_dim, metavar="D", help=f"embedding dimension (default {w.embedding_dim})")
@@ -77,7 +84,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     )
     schemes = list(dict.fromkeys(args.schemes))
     rows = scaling_table(
-        workload, args.hardware, args.gpus, args.gpus_per_host, schemes, args.compression, args.replica_sync, args.sync_every, args.replica_groups
+        workload,
+        args.hardware,
+        args.gpus,
+        args.gpus_per_host,
+        schemes,
+        args.compression,
+        args.replica_sync,
+        args.sync_every,
+        args.replica_groups,
+        args.replica_layout,
     )
     columns = ["hardware", "gpus", "hosts", *(f"{s}_ms" for s in schemes), *(f"{s}_groups" for s in schemes if s in TWO_D_SCHEMES)]
     print(format_table(rows, columns + [f"efficiency_{s}" for s in schemes]))
@@ -87,6 +103,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "replica_sync": args.replica_sync,
         "sync_every": args.sync_every,
         "replica_groups": args.replica_groups or "fastest",
+        "replica_layout": args.replica_layout,
         "rows": rows,
         "weak_scaling_efficiency": weak_scaling_efficiency(rows, schemes),
     }

@@ -77,9 +77,10 @@ def members_per_host(cluster: Cluster, members: int) -> int:
     return min(members, local)
 
 
-def all_to_all(cluster: Cluster, members: int, bytes_per_peer: float) -> Traffic:
-    """An all-to-all among ``members`` consecutive ranks, ``bytes_per_peer`` to each other member."""
-    local = members_per_host(cluster, members)
+def all_to_all(cluster: Cluster, members: int, bytes_per_peer: float, per_host: int | None = None) -> Traffic:
+    """An all-to-all among ``members`` ranks, ``bytes_per_peer`` to each other member; ``per_host``
+    of them share each host (default: consecutive ranks)."""
+    local = members_per_host(cluster, members) if per_host is None else per_host
     intra = exchange(cluster.scale_up, local - 1, bytes_per_peer, cross_host=False)
     cross = exchange(cluster.scale_out, members - local, bytes_per_peer, cross_host=True)
     return Traffic(intra.bytes + cross.bytes, intra.messages + cross.messages, cross.cross_host_bytes, max(intra.ms, cross.ms))

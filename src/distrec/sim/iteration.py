@@ -18,7 +18,7 @@ from typing import Literal, get_args
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
 from distrec.sim.collectives import Traffic
-from distrec.sim.components import Lookup, ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
+from distrec.sim.components import Groups, Layout, Lookup, ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
 from distrec.sim.workload import Workload
 
 Scheme = Literal["flat", "sptt", "dmt", "2d", "dmt-2d"]
@@ -59,10 +59,11 @@ class Prediction:
     """One rank's predicted iteration: compute time and each communication component's traffic.
 
     ``index_exchange + embedding_exchange`` is the embedding all-to-all; ``replica_sync`` is
-    per step (a periodic sync's cost divided by K); ``groups`` is G.
+    per step (a periodic sync's cost divided by K); ``groups`` is G, laid out as ``layout``.
     """
 
     groups: int
+    layout: Layout
     compute_ms: float
     index_exchange: Traffic
     embedding_exchange: Traffic
@@ -83,7 +84,13 @@ class Prediction:
 
     def as_dict(self) -> dict:
         parts = ("index_exchange", "embedding_exchange", "replica_sync", "all_reduce")
-        return {"groups": self.groups, "compute_ms": self.compute_ms, **{p: getattr(self, p).as_dict() for p in parts}, "total_ms": self.total_ms}
+        return {
+            "groups": self.groups,
+            "layout": self.layout,
+            "compute_ms": self.compute_ms,
+            **{p: getattr(self, p).as_dict() for p in parts},
+            "total_ms": self.total_ms,
+        }
 
 
 def predict(
@@ -95,22 +102,27 @@ def predict(
     compression: float = 1.0,
     sync: ReplicaSync = "periodic",
     sync_every: int = 1,
+    layout: Layout = "contiguous",
 ) -> Prediction:
-    """Predicted iteration of ``scheme`` (``groups``, ``sync`` and ``sync_every`` for 2D schemes only;
-    ``compression`` for DMT schemes only)."""
+    """Predicted iteration of ``scheme`` (``groups``, ``sync``, ``sync_every`` and ``layout`` for
+    2D schemes only; ``compression`` for DMT schemes only)."""
     if scheme not in SCHEMES:
         raise DistrecError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
     if groups != 1 and scheme not in TWO_D_SCHEMES:
         raise DistrecError(f"scheme {scheme!r} has no replica groups; use 2d or dmt-2d for {groups} groups")
+    if scheme == "dmt-2d" and layout != "contiguous":
+        raise DistrecError("DMT x 2D runs SPTT in groups of whole hosts; use the contiguous layout")
     towers = scheme in ("dmt", "dmt-2d")
     lookup: Lookup = "flat" if scheme in ("flat", "2d") else "sptt"
+    placed = Groups.on(cluster, groups, layout)
     return Prediction(
         groups=groups,
+        layout=layout,
         compute_ms=compute_ms(workload, cluster, towers),
-        index_exchange=index_exchange(workload, cluster, groups),
-        embedding_exchange=embedding_exchange(workload, cluster, groups, lookup, compression if towers else 1.0),
-        replica_sync=replica_sync(workload, cluster, groups, sync, sync_every),
-        all_reduce=gradient_all_reduce(workload, cluster, groups, towers),
+        index_exchange=index_exchange(workload, cluster, placed),
+        embedding_exchange=embedding_exchange(workload, cluster, placed, lookup, compression if towers else 1.0),
+        replica_sync=replica_sync(workload, cluster, placed, sync, sync_every),
+        all_reduce=gradient_all_reduce(workload, cluster, placed, towers),
     )
 
 
@@ -125,12 +137,17 @@ def predict_dmt(workload: Workload, cluster: Cluster, compression: float) -> Pre
 
 
 def predict_two_d(
-    workload: Workload, cluster: Cluster, groups: int, sync: ReplicaSync = "periodic", sync_every: int = 1, compression: float | None = None
+    workload: Workload,
+    cluster: Cluster,
+    groups: int,
+    sync: ReplicaSync = "periodic",
+    sync_every: int = 1,
+    compression: float | None = None,
+    layout: Layout = "contiguous",
 ) -> Prediction:
     """2D sparse parallelism with ``groups`` replica groups; with ``compression``, DMT x 2D."""
-    if compression is None:
-        return predict(workload, cluster, "2d", groups=groups, sync=sync, sync_every=sync_every)
-    return predict(workload, cluster, "dmt-2d", groups=groups, compression=compression, sync=sync, sync_every=sync_every)
+    scheme: Scheme = "2d" if compression is None else "dmt-2d"
+    return predict(workload, cluster, scheme, groups=groups, compression=compression or 1.0, sync=sync, sync_every=sync_every, layout=layout)
 
 
 def predict_iteration(workload: Workload, cluster: Cluster, scheme: Scheme, compression: float = 1.0) -> IterationTime:

@@ -14,23 +14,26 @@ from collections.abc import Sequence
 
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
-from distrec.sim.components import ReplicaSync
+from distrec.sim.components import Layout, ReplicaSync
 from distrec.sim.iteration import SCHEMES, TWO_D_SCHEMES, Prediction, Scheme, predict
 from distrec.sim.workload import Workload
 
 
-def group_choices(cluster: Cluster, scheme: Scheme) -> list[int]:
+def group_choices(cluster: Cluster, scheme: Scheme, layout: Layout = "contiguous") -> list[int]:
     """The numbers of replica groups ``scheme`` can use on ``cluster`` (1 for non-2D schemes).
 
-    A group is a divisor of the hosts' GPUs or a multiple of them; DMT x 2D needs whole hosts.
+    Contiguous groups of S ranks need S to divide the GPUs per host or be a multiple of
+    them, strided ones the same of G; DMT x 2D needs contiguous groups of whole hosts (and
+    ignores ``layout``).
     """
     if scheme not in TWO_D_SCHEMES:
         return [1]
     n, local = cluster.num_gpus, cluster.gpus_per_host
-    sizes = [s for s in range(1, n + 1) if n % s == 0 and (s % local == 0 or local % s == 0)]
+    counts = [g for g in range(1, n + 1) if n % g == 0]
+    tiles = [g for g in counts if (tile := g if layout == "strided" else n // g) % local == 0 or local % tile == 0]
     if scheme == "dmt-2d":
-        sizes = [s for s in sizes if s >= local]
-    return sorted(n // s for s in sizes)
+        return [g for g in counts if n // g >= local and (n // g) % local == 0]
+    return tiles
 
 
 def best_prediction(
@@ -41,11 +44,12 @@ def best_prediction(
     sync: ReplicaSync = "periodic",
     sync_every: int = 1,
     groups: int | None = None,
+    layout: Layout = "contiguous",
 ) -> Prediction:
     """``scheme``'s prediction with ``groups`` replica groups, or with the G that predicts the
     shortest iteration (the fewest groups among equals)."""
-    choices = group_choices(cluster, scheme) if groups is None or scheme not in TWO_D_SCHEMES else [groups]
-    predictions = [predict(workload, cluster, scheme, groups=g, compression=compression, sync=sync, sync_every=sync_every) for g in choices]
+    choices = group_choices(cluster, scheme, layout) if groups is None or scheme not in TWO_D_SCHEMES else [groups]
+    predictions = [predict(workload, cluster, scheme, groups=g, compression=compression, sync=sync, sync_every=sync_every, layout=layout) for g in choices]
     return min(predictions, key=lambda p: (p.total_ms, p.groups))
 
 
@@ -59,10 +63,12 @@ def scaling_table(
     sync: ReplicaSync = "periodic",
     sync_every: int = 10,
     groups: int | None = None,
+    layout: Layout = "contiguous",
 ) -> list[dict]:
     """One row per (hardware, GPUs): each scheme's ms per iteration (``<scheme>_ms``), the G of
     2D schemes (``<scheme>_groups``), the speedup over flat (``speedup_<scheme>``) and the
-    weak-scaling efficiency (``efficiency_<scheme>``)."""
+    weak-scaling efficiency (``efficiency_<scheme>``). ``layout`` applies to 2D; DMT x 2D's
+    groups are always contiguous hosts."""
     unknown = [s for s in schemes if s not in SCHEMES]
     if unknown or not schemes:
         raise DistrecError(f"unknown scheme(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(SCHEMES)}")
@@ -73,7 +79,7 @@ def scaling_table(
             cluster = Cluster.from_hardware(name, gpus, gpus_per_host)
             row: dict = {"hardware": name, "gpus": gpus, "hosts": cluster.hosts}
             for scheme in schemes:
-                p = best_prediction(workload, cluster, scheme, compression, sync, sync_every, groups)
+                p = best_prediction(workload, cluster, scheme, compression, sync, sync_every, groups, layout if scheme == "2d" else "contiguous")
                 row[f"{scheme}_ms"] = p.total_ms
                 if scheme in TWO_D_SCHEMES:
                     row[f"{scheme}_groups"] = p.groups
