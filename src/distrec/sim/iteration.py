@@ -7,7 +7,8 @@ overlap of communication and compute):
 
 - ``flat``: flat lookup, G = 1; ``sptt``: SPTT without towers (CR 1); ``dmt``: SPTT with
   towers of ratio CR;
-- ``2d``: flat lookup inside G groups; ``dmt-2d``: DMT inside G groups of whole hosts.
+- ``2d``: flat lookup inside G groups (contiguous or strided, see ``components.Groups``);
+  ``dmt-2d``: DMT inside G contiguous groups of whole hosts.
 """
 
 from __future__ import annotations

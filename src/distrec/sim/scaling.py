@@ -30,10 +30,10 @@ def group_choices(cluster: Cluster, scheme: Scheme, layout: Layout = "contiguous
         return [1]
     n, local = cluster.num_gpus, cluster.gpus_per_host
     counts = [g for g in range(1, n + 1) if n % g == 0]
-    tiles = [g for g in counts if (tile := g if layout == "strided" else n // g) % local == 0 or local % tile == 0]
     if scheme == "dmt-2d":
-        return [g for g in counts if n // g >= local and (n // g) % local == 0]
-    return tiles
+        return [g for g in counts if (n // g) % local == 0]
+    tiling = [g if layout == "strided" else n // g for g in counts]  # G or S must tile a host
+    return [g for g, t in zip(counts, tiling) if t % local == 0 or local % t == 0]
 
 
 def best_prediction(
