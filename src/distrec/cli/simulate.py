@@ -109,7 +109,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     }
     plot = Path(args.plot) if args.plot else Path(args.output).with_suffix(".png") if args.output else None
     if plot is not None:
-        plot_efficiency(rows, schemes, plot)
+        sync = "exact" if args.replica_sync == "exact" else f"periodic, every {args.sync_every} steps"
+        title = f"{args.local_batch} samples per GPU, {args.gpus_per_host} GPUs per host; 2D: {args.replica_layout} groups, replica sync {sync}"
+        plot_efficiency(rows, schemes, plot, title)
         result["plot"] = str(plot)
     if args.output:
         atomic_write_json(args.output, result)

@@ -32,7 +32,7 @@ def _cell(value, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def plot_efficiency(rows: Sequence[dict], schemes: Sequence[str], path: str | Path) -> None:
+def plot_efficiency(rows: Sequence[dict], schemes: Sequence[str], path: str | Path, title: str = "") -> None:
     """Write a PNG of weak-scaling efficiency vs GPUs (log2 axis), one panel per hardware and
     one line per scheme, from ``distrec.sim.scaling.scaling_table`` rows."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -55,6 +55,8 @@ def plot_efficiency(rows: Sequence[dict], schemes: Sequence[str], path: str | Pa
         ax.set_xlabel("GPUs")
     axes[0].set_ylabel("weak-scaling efficiency")
     axes[-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     atomic_write_bytes(path, buffer.getvalue())
