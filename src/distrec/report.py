@@ -19,17 +19,19 @@ if TYPE_CHECKING:
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
-    """One distinct label per run directory: its name, or as many of its last path parts as
-    tell it apart from the others (``a/round0``, ``b/round0``)."""
+    """One distinct label per run directory: its name, or, where names repeat, as many of its
+    last path parts as tell it apart (``a/round0``, ``b/round0``, ``c``)."""
     paths = [Path(os.path.abspath(d)) for d in run_dirs]
     for i, path in enumerate(paths):
         if path in paths[:i]:
             raise DistrecError(f"run directory {str(run_dirs[i])!r} is given twice; pass each run once")
-    depth, labels = 1, [p.name for p in paths]
-    while len(set(labels)) < len(labels):  # ends: distinct absolute paths differ within their full depth
-        depth += 1
-        labels = [Path(*p.parts[-depth:]).as_posix() for p in paths]
-    return labels
+    depths = [1] * len(paths)
+    while True:  # ends: distinct absolute paths differ within their full depth
+        labels = [Path(*p.parts[-d:]).as_posix() for p, d in zip(paths, depths)]
+        clashing = {label for label in labels if labels.count(label) > 1}
+        if not clashing:
+            return labels
+        depths = [d + (label in clashing) for d, label in zip(depths, labels)]
 
 
 def check_runs(run_dirs: list[Path]) -> None:
