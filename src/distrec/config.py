@@ -124,6 +124,7 @@ class TrainConfig:
     patience: int = 5
     checkpoint_every: int = 0
     log_every: int = 50
+    tensorboard: bool = False  # also write the metrics as TensorBoard scalars into RUN_DIR/tensorboard
     seed: int = 0
     threads: int = 0
 

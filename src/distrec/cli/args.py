@@ -71,6 +71,7 @@ CONFIG_FIELDS = {
     "optimizer": "train.optimizer",
     "eval_every": "train.eval_every",
     "seed": "train.seed",
+    "tensorboard": "train.tensorboard",
     "plan": "parallel.plan",
     "sharding": "parallel.sharding",
     "embeddings": "parallel.embeddings",

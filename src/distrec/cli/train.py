@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, metavar="S", help="random seed")
     train.add_argument("--out", metavar="DIR", help="run directory for config, metrics, summary and checkpoint (default runs/<time>)")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR; raise --max-steps or --epochs to train further")
+    train.add_argument(
+        "--tensorboard",
+        action="store_true",
+        default=None,
+        help="also write the metrics, speed and time breakdown as TensorBoard scalars into OUT/tensorboard (pip install 'distrec[tensorboard]')",
+    )
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out (by default an --out that holds files is refused)")
     add_trust_arg(train)
     dist_args = train.add_argument_group("distributed training")
@@ -199,6 +205,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.train.evaluate import default_device
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
+    from distrec.train.tensorboard import require_tensorboard
 
     check_at_least("--max-restarts", args.max_restarts, 0)
     check_at_least("--nproc-per-node", args.nproc_per_node, 1)
@@ -231,10 +238,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(
                 f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every, --timeout-seconds, "
-                "--trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
+                "--tensorboard, --trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
             )
         parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups", "timeout_seconds") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
+        cfg.train.tensorboard = cfg.train.tensorboard or bool(args.tensorboard)
         out = Path(args.resume)
         check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
@@ -245,6 +253,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         out = Path(args.out) if args.out else _default_out()
     if not (args.resume or args.overwrite or _restart_count() > 0):
         _check_out(out)
+    if cfg.train.tensorboard:
+        require_tensorboard()
     try:
         if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
             check_run(cfg, args.nproc_per_node, progress=not args.no_progress)

@@ -215,7 +215,7 @@ class Trainer:
             shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)  # the best model of a run this one replaces
         if resume and (self.progress.step >= self.total_steps or self._converged()):
             return self._nothing_to_do()
-        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
+        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None, self.cfg.train.tensorboard) if main else None
         if main:
             config_mod.save(self.cfg, self.out / CONFIG_FILE)
             if self.mode.plan is not None:
@@ -250,10 +250,11 @@ class Trainer:
                 bar.update(1)
                 if t.log_every and self.progress.step % t.log_every == 0:
                     mean_loss = self._mean_over_ranks(loss)
-                    elapsed = time.perf_counter() - started
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{(self.progress.step - start_step) * t.batch_size / elapsed:,.0f}")
+                    samples_s = (self.progress.step - start_step) * t.batch_size / (time.perf_counter() - started)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{samples_s:,.0f}")
                     if log is not None:
-                        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": "train", "loss": mean_loss})
+                        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": "train", "loss": mean_loss, **self.mode.training_extra()})
+                        log.timings(self.progress.step, samples_s, self.timer.steps[-t.log_every :])
                 if t.eval_every and self.progress.step % t.eval_every == 0 and self.progress.step < self.total_steps:
                     last_val, evaluated_at = self._evaluate_and_keep_best(log), self.progress.step
                 if t.checkpoint_every and self.progress.step % t.checkpoint_every == 0:
@@ -273,6 +274,8 @@ class Trainer:
             self.checkpointer.restore_model(self.out / BEST_DIR)  # report (and test) the best model
             last_val = self.best.metrics
         test = self._evaluate_and_log(log, "test")
+        if log is not None:
+            log.close()
         peak_rss = peak_rss_per_rank(self.distributed)
         if not main:
             return None
