@@ -59,7 +59,9 @@ def run_dataset(name: str, seeds: list[int], out: Path, threads: int) -> dict:
     for seed in seeds:
         for variant, arguments in runs.items():
             run = harness.distrec_train(
-                out / name / f"{variant}-seed{seed}", [*arguments, "--seed", str(seed), *harness.set_items([f"train.threads={threads}"])], cache_dir=out / "cache"
+                out / name / f"{variant}-seed{seed}",
+                [*arguments, "--seed", str(seed), *harness.set_items([f"train.threads={threads}"])],
+                cache_dir=out / "cache",
             )
             for key in ("auc", "steps", "stopped"):
                 result[variant][key].append(run.summary[key])

@@ -317,7 +317,7 @@ class Trainer:
         if not self.cfg.train.until_converged:
             return {"stopped": "reached --max-steps" if self.cfg.train.max_steps is not None else "reached --epochs"}
         if self._converged():
-            why = f"no better validation AUC in {self.cfg.train.patience} evaluations"
+            why = f"no better validation AUC in {self.cfg.train.patience} evaluation{'s' if self.cfg.train.patience != 1 else ''}"
         else:
             why = f"reached {MAX_EPOCHS} epochs"
         return {"best_step": self.best.step, "stopped": why}
@@ -326,9 +326,12 @@ class Trainer:
         """A resumed run that already trained its length: say so, write nothing; its summary."""
         if self.rank != 0:
             return None
-        logger.warning(
-            f"{self.out} already trained {self.progress.step} of {self.total_steps} steps: nothing to do; raise --max-steps or --epochs to train further"
+        done = (
+            f"stopped at step {self.progress.step}, {self._stopping_summary()['stopped']}"
+            if self._converged()
+            else f"already trained {self.progress.step} of {self.total_steps} steps"
         )
+        logger.warning(f"{self.out} {done}: nothing to do; raise --max-steps or --epochs to train further")
         summary = self.out / SUMMARY_FILE
         return json.loads(summary.read_text()) if summary.is_file() else None
 
