@@ -84,6 +84,16 @@ def test_exact_2d_equals_one_process(cache, reference_half, tmp_path, plan):
     assert summary["replica_groups"] == 2 and summary["replica_sync"] == "exact" and summary["replica_sync_bytes"] > 0
     meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
     assert {entry["rank"] for entry in meta["blocks"]} == {0, 1}  # one copy of the tables: group 0's
+    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] / STEPS), True)
+
+
+def _replica_sync_per_step(run: Path) -> tuple[float, bool]:
+    """The replica sync's bytes per step in a run's breakdown, and whether it took any time;
+    checks the all-to-alls and the dense all-reduce are there beside it."""
+    breakdown = json.loads((run / "breakdown.json").read_text())
+    sent = breakdown["bytes_per_step"]
+    assert sent["input_all_to_all"] > 0 and sent["output_all_to_all"] > 0 and sent["gradient_all_reduce"] > 0
+    return sent["replica_sync"], breakdown["components"]["replica_sync"]["mean_ms"] > 0
 
 
 def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
@@ -93,8 +103,11 @@ def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
 
 
 def test_periodic_sync_lets_replicas_drift_between_syncs(cache, reference_half, tmp_path):
-    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=4), tmp_path / "run")
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=3), tmp_path / "run")
     losses = train_losses(tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # syncs at steps 3 and 6, and one more (not a training step's) before the checkpoint
+    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] * 2 / 3 / STEPS), True)
     assert losses[:1] == pytest.approx(train_losses(reference_half)[:1], abs=1e-5)  # the same start
     assert losses != pytest.approx(train_losses(reference_half), abs=1e-5)
 
@@ -109,6 +122,7 @@ def test_checkpoints_reshard_between_2d_sharded_and_one_process(cache, reference
 
     second = tmp_path / "second"
     run_distributed(train_on_rank, 4, _cfg(cache, sharding="column_wise"), second)
+    assert _replica_sync_per_step(second) == (0, False)
     run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, replica_groups=2, sharding="row_wise"), second, True)
     assert train_losses(second) == pytest.approx(train_losses(reference), abs=1e-5)
     assert_same_parameters(trained_parameters(second), trained_parameters(reference))

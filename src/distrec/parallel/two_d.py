@@ -56,7 +56,7 @@ def replica_layout(world_size: int, groups: int) -> tuple[list[list[int]], list[
 class PeriodicReplicaSync:
     """A training step that averages the replicas every ``every`` steps (``periodic`` sync)."""
 
-    def __init__(self, step: TrainingStep, every: int, average: Callable[[], None]) -> None:
+    def __init__(self, step: TrainingStep, every: int, average: Callable[[], object]) -> None:
         self.step, self.every, self.average = step, every, average
         self.optimizers, self.schedulers = step.optimizers, step.schedulers
         self.steps = 0
@@ -112,28 +112,42 @@ class TwoD(Sharded):
         def exact() -> None:
             if in_group is not None:
                 in_group()
-            params = self._replicated(model)
-            self.sync_bytes += sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
-            average_sparse_grads(params, self.replica_set)
+            self._charged(lambda: self.average_row_grads(model))
 
         return exact
+
+    def average_row_grads(self, model: RecommendationModel) -> int:
+        """Average every replica set's sparse row gradients (a collective); the bytes this rank sent."""
+        params = self._replicated(model)
+        sent = sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
+        average_sparse_grads(params, self.replica_set)
+        return sent
 
     def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
         step = super().make_step(model, module)
         if self.ctx.cfg.parallel.replica_sync == "exact":
             return step
-        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, self.average_replicas)
+        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, lambda: self._charged(self.average_replicas))
+
+    def _charged(self, sync: Callable[[], int]) -> None:
+        """Run a replica sync of a training step, its time and bytes charged to the breakdown's ``replica_sync``."""
+        with self.ctx.timer.phase("replica_sync"):
+            sent = sync()
+        self.ctx.timer.add_bytes("replica_sync", sent)
+        self.sync_bytes += sent
 
     @torch.no_grad()
-    def average_replicas(self) -> None:
-        """Average every replica set's weights and row-wise optimizer state (a collective)."""
+    def average_replicas(self) -> int:
+        """Average every replica set's weights and row-wise optimizer state (a collective); the bytes this rank sent."""
         sparse = self._optimizers()[0]
+        sent = 0
         for p in self._replicated(self.model):
             state = sparse.state.get(p, {}) if sparse is not None else {}
             for tensor in [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]:
                 dist.all_reduce(tensor, group=self.replica_set)
                 tensor /= self.groups
-                self.sync_bytes += tensor.numel() * tensor.element_size()
+                sent += tensor.numel() * tensor.element_size()
+        return sent
 
     # --- checkpoints ---------------------------------------------------------------------
     def export_table_blocks(self, sparse: Optimizer | None) -> list[dict[str, Any]]:
@@ -143,7 +157,7 @@ class TwoD(Sharded):
 
     def state_dict(self) -> dict[str, Any]:
         if isinstance(self.step, PeriodicReplicaSync):
-            self.average_replicas()
+            self.sync_bytes += self.average_replicas()
         state = super().state_dict()
         if isinstance(self.step, PeriodicReplicaSync):
             state["replica_sync_steps"] = self.step.steps
