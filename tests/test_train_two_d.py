@@ -14,6 +14,7 @@ from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import replica_layout
+from distrec.towers.partition import TowerPartition
 from distrec.train.loop import train
 from multiprocess import run_distributed
 from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
@@ -126,3 +127,49 @@ def test_checkpoints_reshard_between_2d_sharded_and_one_process(cache, reference
     run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, replica_groups=2, sharding="row_wise"), second, True)
     assert train_losses(second) == pytest.approx(train_losses(reference), abs=1e-5)
     assert_same_parameters(trained_parameters(second), trained_parameters(reference))
+
+
+TOWERS = [["C4", "C1", "C3"], ["C2", "C5"]]
+
+
+def _dmt_cfg(cache: Path, steps: int = STEPS, module: str | None = "dlrm", **parallel):
+    """The tiny run with two towers (DMT's tower modules ``module``, or none)."""
+    towers = cache / "towers.json"
+    if not towers.exists():
+        TowerPartition(TOWERS, "coherent", 1.5).save(towers)
+    cfg = _cfg(cache, steps, towers=str(towers), **parallel)
+    cfg.model.tower_module = module
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def dmt_reference(cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single-dmt")
+    train(_dmt_cfg(cache, steps=2 * STEPS), out, progress=False)
+    return out
+
+
+def test_sptt_groups_need_whole_hosts(cache):
+    tables = Dataset(prepare(_cfg(cache).data, progress=False)).tables(8)
+    cfg = _dmt_cfg(cache, replica_groups=2, lookup="sptt", hosts=3, ranks_per_host=2)
+    with pytest.raises(DistrecError, match="must divide the 3 hosts"):
+        select_mode(cfg, 6).check(cfg, 6, tables)
+
+
+@pytest.mark.slow  # about 90 s on 2 cores: 8 processes, then 4
+def test_exact_2d_with_sptt_and_tower_modules_equals_one_process_and_reshards(cache, dmt_reference, tmp_path):
+    """2 groups x 2 hosts x 2 ranks, SPTT and DMT's tower modules inside each group; then
+    resumed as plain SPTT on 2 hosts x 2 ranks."""
+    run = tmp_path / "run"
+    run_distributed(train_on_rank, 8, _dmt_cfg(cache, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2), run)
+    assert train_losses(run) == pytest.approx(train_losses(dmt_reference)[:STEPS], abs=1e-5)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["replica_groups"] == 2 and summary["replica_sync_bytes"] > 0 and summary["dmt"]["compression"] > 1
+    plan = json.loads((run / "plan.json").read_text())
+    owner = {p["table"]: p["shards"][0]["rank"] for p in plan["tables"]}
+    assert {owner["C4"], owner["C1"], owner["C3"]} <= {0, 1} and {owner["C2"], owner["C5"]} <= {2, 3}  # tower t on host t of a group
+    meta = json.loads((run / "checkpoint" / "meta.json").read_text())
+    assert {entry["rank"] for entry in meta["blocks"]} == {0, 1, 2, 3} and meta["towers"]["rank"] == [0, 2]  # group 0's copy
+    run_distributed(train_on_rank, 4, _dmt_cfg(cache, steps=2 * STEPS, lookup="sptt", hosts=2, ranks_per_host=2), run, True)
+    assert train_losses(run) == pytest.approx(train_losses(dmt_reference), abs=1e-5)
+    assert_same_parameters(trained_parameters(run), trained_parameters(dmt_reference))
