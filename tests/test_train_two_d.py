@@ -173,3 +173,13 @@ def test_exact_2d_with_sptt_and_tower_modules_equals_one_process_and_reshards(ca
     run_distributed(train_on_rank, 4, _dmt_cfg(cache, steps=2 * STEPS, lookup="sptt", hosts=2, ranks_per_host=2), run, True)
     assert train_losses(run) == pytest.approx(train_losses(dmt_reference), abs=1e-5)
     assert_same_parameters(trained_parameters(run), trained_parameters(dmt_reference))
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: 8 processes
+def test_periodic_2d_with_sptt_syncing_every_step_equals_one_process(cache, reference_half, tmp_path):
+    """SPTT without tower modules inside 2 groups of 2 hosts x 2 ranks; with SGD, periodic sync every step is exact."""
+    cfg = _dmt_cfg(cache, module=None, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2, replica_sync="periodic", sync_every=1)
+    run_distributed(train_on_rank, 8, cfg, tmp_path / "run")
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
+    assert _replica_sync_per_step(tmp_path / "run")[1]
