@@ -33,18 +33,20 @@ def cache(tmp_path_factory) -> Path:
     return path
 
 
+def _one_process_run(tmp_path_factory, name: str, cfg) -> Path:
+    out = tmp_path_factory.mktemp(name)
+    train(cfg, out, progress=False)
+    return out
+
+
 @pytest.fixture(scope="module")
 def reference(cache, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single")
-    train(_cfg(cache, steps=2 * STEPS), out, progress=False)
-    return out
+    return _one_process_run(tmp_path_factory, "single", _cfg(cache, steps=2 * STEPS))
 
 
 @pytest.fixture(scope="module")
 def reference_half(cache, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single-half")
-    train(_cfg(cache), out, progress=False)
-    return out
+    return _one_process_run(tmp_path_factory, "single-half", _cfg(cache))
 
 
 def test_replica_layout_groups_consecutive_ranks():
@@ -144,9 +146,12 @@ def _dmt_cfg(cache: Path, steps: int = STEPS, module: str | None = "dlrm", **par
 
 @pytest.fixture(scope="module")
 def dmt_reference(cache, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single-dmt")
-    train(_dmt_cfg(cache, steps=2 * STEPS), out, progress=False)
-    return out
+    return _one_process_run(tmp_path_factory, "single-dmt", _dmt_cfg(cache, steps=2 * STEPS))
+
+
+@pytest.fixture(scope="module")
+def dmt_reference_half(cache, tmp_path_factory) -> Path:
+    return _one_process_run(tmp_path_factory, "single-dmt-half", _dmt_cfg(cache))
 
 
 def test_sptt_groups_need_whole_hosts(cache):
@@ -157,12 +162,13 @@ def test_sptt_groups_need_whole_hosts(cache):
 
 
 @pytest.mark.slow  # about 90 s on 2 cores: 8 processes, then 4
-def test_exact_2d_with_sptt_and_tower_modules_equals_one_process_and_reshards(cache, dmt_reference, tmp_path):
-    """2 groups x 2 hosts x 2 ranks, SPTT and DMT's tower modules inside each group; then
-    resumed as plain SPTT on 2 hosts x 2 ranks."""
+def test_exact_2d_with_sptt_and_tower_modules_equals_one_process_and_reshards(cache, dmt_reference, dmt_reference_half, tmp_path):
+    """2 groups x 2 hosts x 2 ranks, SPTT and DMT's tower modules inside each group, gathered
+    into one process; then resumed as plain SPTT on 2 hosts x 2 ranks."""
     run = tmp_path / "run"
     run_distributed(train_on_rank, 8, _dmt_cfg(cache, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2), run)
-    assert train_losses(run) == pytest.approx(train_losses(dmt_reference)[:STEPS], abs=1e-5)
+    assert train_losses(run) == pytest.approx(train_losses(dmt_reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(run), trained_parameters(dmt_reference_half))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["replica_groups"] == 2 and summary["replica_sync_bytes"] > 0 and summary["dmt"]["compression"] > 1
     plan = json.loads((run / "plan.json").read_text())
