@@ -6,7 +6,10 @@ ranks form G replica groups of S = N / G consecutive ranks (so a group spans who
 when S is a multiple of the ranks per host). Each group holds every table, sharded over its
 S ranks by a plan for S ranks, and its all-to-all spans only those S ranks; rank s of every
 group holds the same shards, and those G ranks form a *replica set* that keeps them
-consistent. Dense layers stay data-parallel over all N ranks.
+consistent. Dense layers stay data-parallel over all N ranks. Within a group the tables are
+placed by a plan (``TwoD``, the flat all-to-all) or, with ``--lookup sptt``, by DMT's towers
+over the group's hosts and exchanged by SPTT, with or without tower modules (``TwoDSptt``,
+``TwoDSpttTowers``).
 
 Keeping the replicas consistent (``parallel.replica_sync``):
 
