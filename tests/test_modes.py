@@ -21,7 +21,7 @@ from distrec.parallel.mode import TrainingStep
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.single import SingleProcess
 from distrec.parallel.sptt_mode import Sptt, SpttTowers
-from distrec.parallel.two_d import TwoD
+from distrec.parallel.two_d import TwoD, TwoDSptt, TwoDSpttTowers
 from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import Trainer
 from distrec.train.step import TrainStep
@@ -38,6 +38,8 @@ MODE_OF = [
     (["parallel.lookup=sptt", "model.tower_module=dlrm", "parallel.hosts=2", "parallel.ranks_per_host=2"], 4, SpttTowers),
     (["hotline.enabled=true"], 2, ReplicatedHotline),
     (["parallel.replica_groups=2"], 4, TwoD),
+    (["parallel.replica_groups=2", "parallel.lookup=sptt", "parallel.hosts=4", "parallel.ranks_per_host=2"], 8, TwoDSptt),
+    (["parallel.replica_groups=2", "parallel.lookup=sptt", "model.tower_module=dlrm", "parallel.hosts=4", "parallel.ranks_per_host=2"], 8, TwoDSpttTowers),
 ]
 
 

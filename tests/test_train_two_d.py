@@ -14,6 +14,7 @@ from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import replica_layout
+from distrec.towers.partition import TowerPartition
 from distrec.train.loop import train
 from multiprocess import run_distributed
 from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
@@ -32,18 +33,20 @@ def cache(tmp_path_factory) -> Path:
     return path
 
 
+def _one_process_run(tmp_path_factory, name: str, cfg) -> Path:
+    out = tmp_path_factory.mktemp(name)
+    train(cfg, out, progress=False)
+    return out
+
+
 @pytest.fixture(scope="module")
 def reference(cache, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single")
-    train(_cfg(cache, steps=2 * STEPS), out, progress=False)
-    return out
+    return _one_process_run(tmp_path_factory, "single", _cfg(cache, steps=2 * STEPS))
 
 
 @pytest.fixture(scope="module")
 def reference_half(cache, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single-half")
-    train(_cfg(cache), out, progress=False)
-    return out
+    return _one_process_run(tmp_path_factory, "single-half", _cfg(cache))
 
 
 def test_replica_layout_groups_consecutive_ranks():
@@ -84,6 +87,16 @@ def test_exact_2d_equals_one_process(cache, reference_half, tmp_path, plan):
     assert summary["replica_groups"] == 2 and summary["replica_sync"] == "exact" and summary["replica_sync_bytes"] > 0
     meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
     assert {entry["rank"] for entry in meta["blocks"]} == {0, 1}  # one copy of the tables: group 0's
+    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] / STEPS), True)
+
+
+def _replica_sync_per_step(run: Path) -> tuple[float, bool]:
+    """The replica sync's bytes per step in a run's breakdown, and whether it took any time;
+    checks the all-to-alls and the dense all-reduce are there beside it."""
+    breakdown = json.loads((run / "breakdown.json").read_text())
+    sent = breakdown["bytes_per_step"]
+    assert sent["input_all_to_all"] > 0 and sent["output_all_to_all"] > 0 and sent["gradient_all_reduce"] > 0
+    return sent["replica_sync"], breakdown["components"]["replica_sync"]["mean_ms"] > 0
 
 
 def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
@@ -93,8 +106,11 @@ def test_periodic_sync_every_step_equals_exact(cache, reference_half, tmp_path):
 
 
 def test_periodic_sync_lets_replicas_drift_between_syncs(cache, reference_half, tmp_path):
-    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=4), tmp_path / "run")
+    run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=3), tmp_path / "run")
     losses = train_losses(tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # syncs at steps 3 and 6, and one more (not a training step's) before the checkpoint
+    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] * 2 / 3 / STEPS), True)
     assert losses[:1] == pytest.approx(train_losses(reference_half)[:1], abs=1e-5)  # the same start
     assert losses != pytest.approx(train_losses(reference_half), abs=1e-5)
 
@@ -109,6 +125,67 @@ def test_checkpoints_reshard_between_2d_sharded_and_one_process(cache, reference
 
     second = tmp_path / "second"
     run_distributed(train_on_rank, 4, _cfg(cache, sharding="column_wise"), second)
+    assert _replica_sync_per_step(second) == (0, False)
     run_distributed(train_on_rank, 4, _cfg(cache, steps=2 * STEPS, replica_groups=2, sharding="row_wise"), second, True)
     assert train_losses(second) == pytest.approx(train_losses(reference), abs=1e-5)
     assert_same_parameters(trained_parameters(second), trained_parameters(reference))
+
+
+TOWERS = [["C4", "C1", "C3"], ["C2", "C5"]]
+
+
+def _dmt_cfg(cache: Path, steps: int = STEPS, module: str | None = "dlrm", **parallel):
+    """The tiny run with two towers (DMT's tower modules ``module``, or none)."""
+    towers = cache / "towers.json"
+    if not towers.exists():
+        TowerPartition(TOWERS, "coherent", 1.5).save(towers)
+    cfg = _cfg(cache, steps, towers=str(towers), **parallel)
+    cfg.model.tower_module = module
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def dmt_reference(cache, tmp_path_factory) -> Path:
+    return _one_process_run(tmp_path_factory, "single-dmt", _dmt_cfg(cache, steps=2 * STEPS))
+
+
+@pytest.fixture(scope="module")
+def dmt_reference_half(cache, tmp_path_factory) -> Path:
+    return _one_process_run(tmp_path_factory, "single-dmt-half", _dmt_cfg(cache))
+
+
+def test_sptt_groups_need_whole_hosts(cache):
+    tables = Dataset(prepare(_cfg(cache).data, progress=False)).tables(8)
+    cfg = _dmt_cfg(cache, replica_groups=2, lookup="sptt", hosts=3, ranks_per_host=2)
+    with pytest.raises(DistrecError, match="must divide the 3 hosts"):
+        select_mode(cfg, 6).check(cfg, 6, tables)
+
+
+@pytest.mark.slow  # about 90 s on 2 cores: 8 processes, then 4
+def test_exact_2d_with_sptt_and_tower_modules_equals_one_process_and_reshards(cache, dmt_reference, dmt_reference_half, tmp_path):
+    """2 groups x 2 hosts x 2 ranks, SPTT and DMT's tower modules inside each group, gathered
+    into one process; then resumed as plain SPTT on 2 hosts x 2 ranks."""
+    run = tmp_path / "run"
+    run_distributed(train_on_rank, 8, _dmt_cfg(cache, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2), run)
+    assert train_losses(run) == pytest.approx(train_losses(dmt_reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(run), trained_parameters(dmt_reference_half))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["replica_groups"] == 2 and summary["replica_sync_bytes"] > 0 and summary["dmt"]["compression"] > 1
+    plan = json.loads((run / "plan.json").read_text())
+    owner = {p["table"]: p["shards"][0]["rank"] for p in plan["tables"]}
+    assert {owner["C4"], owner["C1"], owner["C3"]} <= {0, 1} and {owner["C2"], owner["C5"]} <= {2, 3}  # tower t on host t of a group
+    meta = json.loads((run / "checkpoint" / "meta.json").read_text())
+    assert {entry["rank"] for entry in meta["blocks"]} == {0, 1, 2, 3} and meta["towers"]["rank"] == [0, 2]  # group 0's copy
+    run_distributed(train_on_rank, 4, _dmt_cfg(cache, steps=2 * STEPS, lookup="sptt", hosts=2, ranks_per_host=2), run, True)
+    assert train_losses(run) == pytest.approx(train_losses(dmt_reference), abs=1e-5)
+    assert_same_parameters(trained_parameters(run), trained_parameters(dmt_reference))
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: 8 processes
+def test_periodic_2d_with_sptt_syncing_every_step_equals_one_process(cache, reference_half, tmp_path):
+    """SPTT without tower modules inside 2 groups of 2 hosts x 2 ranks; with SGD, periodic sync every step is exact."""
+    cfg = _dmt_cfg(cache, module=None, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2, replica_sync="periodic", sync_every=1)
+    run_distributed(train_on_rank, 8, cfg, tmp_path / "run")
+    assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
+    assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
+    assert _replica_sync_per_step(tmp_path / "run")[1]

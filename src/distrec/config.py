@@ -310,8 +310,8 @@ COMBINATION_RULES: list[Rule] = [
     ),
     Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
     Rule(
-        lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.lookup == "sptt" or c.parallel.embeddings != "sharded" or c.hotline.enabled),
-        "--replica-groups (2D sparse parallelism) needs sharded embeddings and the flat all-to-all, without --hotline; drop the others",
+        lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.embeddings != "sharded" or c.hotline.enabled),
+        "--replica-groups (2D sparse parallelism) needs sharded embeddings, without --hotline; drop --embeddings local and --hotline",
     ),
     Rule(
         lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,

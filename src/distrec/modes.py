@@ -23,10 +23,21 @@ from distrec.parallel.mode import ParallelMode
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.single import SingleProcess
 from distrec.parallel.sptt_mode import Sptt, SpttTowers
-from distrec.parallel.two_d import TwoD
+from distrec.parallel.two_d import TwoD, TwoDSptt, TwoDSpttTowers
 from distrec.tables import TableConfig
 
-MODES: list[type[ParallelMode]] = [HotlineTiers, ReplicatedHotline, SingleProcess, SpttTowers, Sptt, LocalEmbeddings, TwoD, Sharded]
+MODES: list[type[ParallelMode]] = [
+    HotlineTiers,
+    ReplicatedHotline,
+    SingleProcess,
+    TwoDSpttTowers,
+    TwoDSptt,
+    SpttTowers,
+    Sptt,
+    LocalEmbeddings,
+    TwoD,
+    Sharded,
+]
 """Every mode, in the order they are asked whether they train a config (the first that accepts does)."""
 
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distrec.data.batch import Batch
+from distrec.errors import DistrecError
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection, TableFill
 from distrec.parallel.sptt import FeatureLayout, sptt_exchange
@@ -60,7 +61,8 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     Args:
         tables: one table per feature, in the global feature order.
         layout: the features each rank pools (towers on hosts).
-        groups: this rank's intra- and cross-host groups (``Topology.build_groups``).
+        groups: this rank's groups (``Topology.build_groups``); the tables are sharded over
+            ``groups.everyone`` (one replica group's ranks under 2D sparse parallelism).
         tower_module: optional module ``[H*b, F_host, D] -> [H*b, out]`` for this host's tower.
         tower_dims: ``out`` of every host's tower module (required with ``tower_module``).
         device: where to allocate the weights.
@@ -75,7 +77,7 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         tower_dims: Sequence[int] | None = None,
         device: torch.device | None = None,
     ) -> None:
-        super().__init__(tables, tower_plan(tables, layout), None, device)
+        super().__init__(tables, tower_plan(tables, layout), groups.everyone, device)
         self.layout = layout
         self.groups = groups
         self.tower_module = tower_module
@@ -114,7 +116,7 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         evaluation) are padded with empty samples whose outputs are dropped.
         """
         largest = torch.tensor([batch.batch_size], device=batch.labels.device)
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
         pooled = self.pool_global(pad_batch(batch, int(largest), len(self.tables)))
         t0 = time.perf_counter()
         out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, grad_scale=1.0 / self.world_size)
@@ -142,11 +144,18 @@ def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
     )
 
 
-def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None) -> Topology:
-    """The topology of a run: ``hosts`` x ``ranks_per_host`` (default: torchrun's environment), checked against ``world_size``."""
+def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None, replica_groups: int = 1) -> Topology:
+    """The topology SPTT runs on: the run's ``hosts`` x ``ranks_per_host`` (default: torchrun's
+    environment), checked against ``world_size``; with ``replica_groups`` G > 1 (2D sparse
+    parallelism), the hosts of one replica group, ``hosts / G`` x ``ranks_per_host``."""
     topology = Topology(hosts, ranks_per_host) if hosts is not None else Topology.from_env()
     topology.check_world_size(world_size)
-    return topology
+    if topology.hosts % replica_groups != 0:
+        raise DistrecError(
+            f"--replica-groups {replica_groups} with --lookup sptt must divide the {topology.hosts} hosts (each group runs SPTT on whole hosts); "
+            "change --replica-groups or --hosts"
+        )
+    return Topology(topology.hosts // replica_groups, topology.ranks_per_host)
 
 
 def sptt_embeddings(
@@ -156,6 +165,7 @@ def sptt_embeddings(
     towers: Sequence[Sequence[int]],
     device: torch.device | None = None,
     sharding: str = "table_wise",
+    copies: int = 1,
 ) -> SpttEmbeddingBagCollection:
     """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
@@ -167,9 +177,10 @@ def sptt_embeddings(
             (``distrec.towers.partition.resolve_towers``).
         device: where the shards live.
         sharding: ``table_wise`` or ``column_wise``, how a tower's tables split over its host's ranks.
+        copies: replica groups running ``topology`` each (2D sparse parallelism), this rank's in its own.
     """
     layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
-    return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(), fill, device=device)
+    return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(copies=copies), fill, device=device)
 
 
 class SpttTowerEmbeddings(nn.Module):
@@ -212,19 +223,24 @@ class SpttTowerEmbeddings(nn.Module):
 
 
 def sptt_tower_embeddings(
-    tower_embeddings: nn.Module, tables: list[TableConfig], topology: Topology, device: torch.device | None = None, sharding: str = "table_wise"
+    tower_embeddings: nn.Module,
+    tables: list[TableConfig],
+    topology: Topology,
+    device: torch.device | None = None,
+    sharding: str = "table_wise",
+    copies: int = 1,
 ) -> SpttTowerEmbeddings:
     """The distributed form of a ``TowerEmbeddings`` built identically on every rank (collective).
 
     Each rank makes its shards of ``tables`` from the seed of ``tower_embeddings``' bags
     (which may be one-row stand-ins, ``distrec.tables.stand_in_tables``) and takes its host's
     tower module (tower h on host h), so a distributed run starts where a single-process one
-    does; ``sharding`` is as in ``sptt_embeddings``.
+    does; ``sharding`` and ``copies`` are as in ``sptt_embeddings``.
     """
     bags = tower_embeddings.bags
     fill = bags.initializer.for_tables(tables).fill
     layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
-    groups = topology.build_groups()
+    groups = topology.build_groups(copies=copies)
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)
     sptt = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, fill, module, tower_embeddings.tower_dims, device)
     return SpttTowerEmbeddings(sptt, tower_embeddings.num_vectors, tower_embeddings.dim)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from distrec.config import RunConfig
 from distrec.models.base import RecommendationModel
 from distrec.parallel.mode import RunContext
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.sptt_embedding import run_topology, sptt_embeddings, sptt_tower_embeddings
-from distrec.parallel.topology import Topology
 from distrec.tables import TableConfig
 from distrec.towers.partition import resolve_towers
 
@@ -19,7 +19,9 @@ class Sptt(Sharded):
     exchanged by SPTT (DMT, Luo et al., MLSys 2024), which equals the flat all-to-all.
 
     The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's);
-    the towers come from ``parallel.towers``, else strided over the hosts.
+    the towers come from ``parallel.towers``, else strided over the hosts. Under 2D sparse
+    parallelism (``distrec.parallel.two_d``), SPTT runs inside each replica group: the
+    topology is one group's hosts, with one tower per host of the group.
     """
 
     name = "sptt"
@@ -27,7 +29,7 @@ class Sptt(Sharded):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         p = ctx.cfg.parallel
-        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host)
+        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host, p.replica_groups)
         self._towers = resolve_towers([t.name for t in ctx.tables], p.towers, self.topology.hosts)
 
     @classmethod
@@ -37,18 +39,25 @@ class Sptt(Sharded):
     @classmethod
     def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
         p = cfg.parallel
-        if p.hosts is not None:
-            Topology(p.hosts, p.ranks_per_host).check_world_size(world_size)
-        if p.towers is not None or p.hosts is not None:  # else the hosts come from torchrun's environment
-            resolve_towers([t.name for t in tables], p.towers, p.hosts)
+        if p.hosts is not None:  # else the hosts come from torchrun's environment
+            topology = run_topology(world_size, p.hosts, p.ranks_per_host, p.replica_groups)
+            resolve_towers([t.name for t in tables], p.towers, topology.hosts)
+        elif p.towers is not None:
+            resolve_towers([t.name for t in tables], p.towers, None)
 
     def towers(self) -> list[list[int]] | None:
         return self._towers
 
+    def tower_meta(self) -> dict[str, Any] | None:
+        meta = super().tower_meta()
+        if meta is not None:  # tower t's module is saved by the first rank of host t (of replica group 0)
+            meta["rank"] = [self.topology.rank(t, 0) for t in range(self.topology.hosts)]
+        return meta
+
     def shard_embeddings(self, model: RecommendationModel) -> None:
         tables, p = self.ctx.tables, self.ctx.cfg.parallel
         fill = model.embeddings.initializer.for_tables(tables).fill
-        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding)
+        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding, p.replica_groups)
         self.plan = model.embeddings.plan
 
 
@@ -64,8 +73,8 @@ class SpttTowers(Sptt):
         return world_size > 1 and cfg.parallel.lookup == "sptt" and cfg.model.tower_module is not None
 
     def shard_embeddings(self, model: RecommendationModel) -> None:
-        sharding = self.ctx.cfg.parallel.tower_sharding
-        model.embeddings = sptt_tower_embeddings(model.embeddings, self.ctx.tables, self.topology, self.ctx.device, sharding)
+        p = self.ctx.cfg.parallel
+        model.embeddings = sptt_tower_embeddings(model.embeddings, self.ctx.tables, self.topology, self.ctx.device, p.tower_sharding, p.replica_groups)
         self.plan = model.embeddings.bags.plan
 
     def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:

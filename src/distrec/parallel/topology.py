@@ -31,14 +31,17 @@ class TopologyGroups:
     """This rank's process groups: its host's ranks and its peers (one rank per host).
 
     Attributes:
-        rank: this process's global rank.
+        rank: this process's rank in the topology (its global rank, unless the world holds
+            several copies of the topology).
         intra_host: group of the ranks on this rank's host (group rank = local rank).
         cross_host: group of this rank's peers (group rank = host).
+        everyone: group of every rank of the topology (None: the default group).
     """
 
     rank: int
     intra_host: Any
     cross_host: Any
+    everyone: Any = None
 
 
 @dataclass(frozen=True)
@@ -111,19 +114,27 @@ class Topology:
                 )
         return topology
 
-    def build_groups(self, backend: str | None = None) -> TopologyGroups:
+    def build_groups(self, backend: str | None = None, copies: int = 1) -> TopologyGroups:
         """Create the intra-host and cross-host (peer) process groups; return this rank's.
+
+        With ``copies`` > 1 the world is that many copies of this topology on consecutive
+        ranks (2D sparse parallelism's replica groups, ``distrec.parallel.two_d``): each copy
+        gets its own groups, and a rank's ``rank`` counts within its copy.
 
         ``torch.distributed.new_group`` is collective: every rank of the job must call it for
         every group, in the same order, even for groups it is not in. This method does so
-        (all host groups by host, then all peer groups by local rank), so every rank must call
-        it exactly once, at the same point of the program, and keep the result.
+        (by copy: all host groups by host, then all peer groups by local rank), so every rank
+        must call it exactly once, at the same point of the program, and keep the result.
         """
-        self.check_world_size(dist.get_world_size())
-        rank = dist.get_rank()
-        host_groups = [dist.new_group(self.host_ranks(h), backend=backend) for h in range(self.hosts)]
-        peer_groups = [dist.new_group(self.peers(self.rank(0, l)), backend=backend) for l in range(self.ranks_per_host)]
-        return TopologyGroups(rank=rank, intra_host=host_groups[self.host(rank)], cross_host=peer_groups[self.local_rank(rank)])
+        self.check_world_size(dist.get_world_size() // copies)
+        copy, rank = divmod(dist.get_rank(), self.world_size)
+        built = []
+        for first in range(0, copies * self.world_size, self.world_size):
+            host_groups = [dist.new_group([first + r for r in self.host_ranks(h)], backend=backend) for h in range(self.hosts)]
+            peer_groups = [dist.new_group([first + r for r in self.peers(self.rank(0, l))], backend=backend) for l in range(self.ranks_per_host)]
+            everyone = dist.new_group(list(range(first, first + self.world_size)), backend=backend) if copies > 1 else None
+            built.append(TopologyGroups(rank, host_groups[self.host(rank)], peer_groups[self.local_rank(rank)], everyone))
+        return built[copy]
 
     def _checked(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:

@@ -6,7 +6,10 @@ ranks form G replica groups of S = N / G consecutive ranks (so a group spans who
 when S is a multiple of the ranks per host). Each group holds every table, sharded over its
 S ranks by a plan for S ranks, and its all-to-all spans only those S ranks; rank s of every
 group holds the same shards, and those G ranks form a *replica set* that keeps them
-consistent. Dense layers stay data-parallel over all N ranks.
+consistent. Dense layers stay data-parallel over all N ranks. Within a group the tables are
+placed by a plan (``TwoD``, the flat all-to-all) or, with ``--lookup sptt``, by DMT's towers
+over the group's hosts and exchanged by SPTT, with or without tower modules (``TwoDSptt``,
+``TwoDSpttTowers``).
 
 Keeping the replicas consistent (``parallel.replica_sync``):
 
@@ -36,12 +39,14 @@ from torch.optim import Optimizer
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
+from distrec.parallel.block_mode import BlockMode
 from distrec.parallel.mode import RunContext, TrainingStep
 from distrec.parallel.parallelize import resolve_plan
-from distrec.parallel.reshard import export_blocks
+from distrec.parallel.reshard import held_blocks
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.parallel.sparse_grads import average_sparse_grads
+from distrec.parallel.sptt_mode import Sptt, SpttTowers
 from distrec.tables import TableConfig
 
 
@@ -56,7 +61,7 @@ def replica_layout(world_size: int, groups: int) -> tuple[list[list[int]], list[
 class PeriodicReplicaSync:
     """A training step that averages the replicas every ``every`` steps (``periodic`` sync)."""
 
-    def __init__(self, step: TrainingStep, every: int, average: Callable[[], None]) -> None:
+    def __init__(self, step: TrainingStep, every: int, average: Callable[[], object]) -> None:
         self.step, self.every, self.average = step, every, average
         self.optimizers, self.schedulers = step.optimizers, step.schedulers
         self.steps = 0
@@ -69,10 +74,15 @@ class PeriodicReplicaSync:
         return loss
 
 
-class TwoD(Sharded):
-    """2D sparse parallelism (see the module doc): ``parallel.replica_groups`` G > 1."""
+class ReplicaGroups(BlockMode):
+    """2D sparse parallelism over a mode that shards the tables within one replica group
+    (see the module doc): ``parallel.replica_groups`` G > 1.
 
-    name = "2d"
+    Put before that mode in the bases (``class TwoD(ReplicaGroups, Sharded)``): the mode
+    builds this rank's group's embedding module in ``shard_within_group``; this class adds
+    the replica sets and keeps the replicas consistent. Tower modules (DMT) are dense: their
+    gradients are averaged over the replica sets every step, whatever ``replica_sync``.
+    """
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
@@ -84,66 +94,86 @@ class TwoD(Sharded):
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return world_size > 1 and cfg.parallel.replica_groups > 1
-
-    @classmethod
-    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
-        resolve_plan(tables, cfg.parallel, world_size // cfg.parallel.replica_groups)
+        return cfg.parallel.replica_groups > 1 and super().accepts(cfg, world_size)
 
     def shard_embeddings(self, model: RecommendationModel) -> None:
-        shard_groups, replica_sets = replica_layout(self.ctx.world_size, self.groups)
+        self.shard_within_group(model)
         # every rank creates every group, in the same order (torch.distributed's rule)
-        shard_group = [dist.new_group(ranks) for ranks in shard_groups][self.group_index]
+        _, replica_sets = replica_layout(self.ctx.world_size, self.groups)
         self.replica_set = [dist.new_group(ranks) for ranks in replica_sets][self.ctx.rank % self.group_size]
-        tables = self.ctx.tables
-        self.plan = resolve_plan(tables, self.ctx.cfg.parallel, self.group_size)
-        initializer = model.embeddings.initializer.for_tables(tables)
-        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, shard_group, self.ctx.device)
 
-    def _replicated(self, model: RecommendationModel) -> list[nn.Parameter]:
+    def shard_within_group(self, model: RecommendationModel) -> None:
+        """Replace ``model.embeddings`` by this rank's share of its replica group's tables."""
+        super().shard_embeddings(model)
+
+    def _replicated(self) -> list[nn.Parameter]:
         """This rank's table parameters that its replica set holds alike (shards, then replicas)."""
-        return [*model.embeddings.weights, *model.embeddings.replicas]
+        return list({id(h.param): h.param for h in held_blocks(self.block_module())}.values())
 
     def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
         in_group = super().gradient_sync(model)
-        if self.ctx.cfg.parallel.replica_sync == "periodic":
+        exact = self.ctx.cfg.parallel.replica_sync == "exact"
+        towers = model.tower_parameters()
+        if not exact and not towers:
             return in_group
 
-        def exact() -> None:
+        def sync() -> None:
             if in_group is not None:
                 in_group()
-            params = self._replicated(model)
-            self.sync_bytes += sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
-            average_sparse_grads(params, self.replica_set)
+            self._charged(lambda: self.average_grads(towers, exact))
 
-        return exact
+        return sync
+
+    def average_grads(self, towers: list[nn.Parameter], rows: bool) -> int:
+        """Average every replica set's tower-module gradients and, when ``rows``, its sparse row
+        gradients (a collective); the bytes this rank sent."""
+        sent = 0
+        for p in towers:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.replica_set)
+                p.grad /= self.groups
+                sent += p.grad.numel() * p.grad.element_size()
+        if rows:
+            params = self._replicated()
+            sent += sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
+            average_sparse_grads(params, self.replica_set)
+        return sent
 
     def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
         step = super().make_step(model, module)
         if self.ctx.cfg.parallel.replica_sync == "exact":
             return step
-        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, self.average_replicas)
+        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, lambda: self._charged(self.average_replicas))
+
+    def _charged(self, sync: Callable[[], int]) -> None:
+        """Run a replica sync of a training step, its time and bytes charged to the breakdown's ``replica_sync``."""
+        with self.ctx.timer.phase("replica_sync"):
+            sent = sync()
+        self.ctx.timer.add_bytes("replica_sync", sent)
+        self.sync_bytes += sent
 
     @torch.no_grad()
-    def average_replicas(self) -> None:
-        """Average every replica set's weights and row-wise optimizer state (a collective)."""
+    def average_replicas(self) -> int:
+        """Average every replica set's table weights and row-wise optimizer state (a collective); the bytes this rank sent."""
         sparse = self._optimizers()[0]
-        for p in self._replicated(self.model):
+        sent = 0
+        for p in self._replicated():
             state = sparse.state.get(p, {}) if sparse is not None else {}
             for tensor in [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]:
                 dist.all_reduce(tensor, group=self.replica_set)
                 tensor /= self.groups
-                self.sync_bytes += tensor.numel() * tensor.element_size()
+                sent += tensor.numel() * tensor.element_size()
+        return sent
 
     # --- checkpoints ---------------------------------------------------------------------
     def export_table_blocks(self, sparse: Optimizer | None) -> list[dict[str, Any]]:
         if self.group_index != 0:
             return []  # one copy of every table: group 0's
-        return export_blocks(self.block_module(), sparse, include_replicas=self.ctx.rank == 0)
+        return super().export_table_blocks(sparse)
 
     def state_dict(self) -> dict[str, Any]:
         if isinstance(self.step, PeriodicReplicaSync):
-            self.average_replicas()
+            self.sync_bytes += self.average_replicas()
         state = super().state_dict()
         if isinstance(self.step, PeriodicReplicaSync):
             state["replica_sync_steps"] = self.step.steps
@@ -158,4 +188,39 @@ class TwoD(Sharded):
         return {**super().checkpoint_meta(), "replica_groups": self.groups}
 
     def summary_extra(self) -> dict[str, Any]:
-        return {"replica_groups": self.groups, "replica_sync": self.ctx.cfg.parallel.replica_sync, "replica_sync_bytes": self.sync_bytes}
+        return {
+            **super().summary_extra(),
+            "replica_groups": self.groups,
+            "replica_sync": self.ctx.cfg.parallel.replica_sync,
+            "replica_sync_bytes": self.sync_bytes,
+        }
+
+
+class TwoD(ReplicaGroups, Sharded):
+    """2D sparse parallelism with a plan for S = N / G ranks within each group (the flat all-to-all)."""
+
+    name = "2d"
+
+    @classmethod
+    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
+        resolve_plan(tables, cfg.parallel, world_size // cfg.parallel.replica_groups)
+
+    def shard_within_group(self, model: RecommendationModel) -> None:
+        shard_groups, _ = replica_layout(self.ctx.world_size, self.groups)
+        shard_group = [dist.new_group(ranks) for ranks in shard_groups][self.group_index]
+        tables = self.ctx.tables
+        self.plan = resolve_plan(tables, self.ctx.cfg.parallel, self.group_size)
+        initializer = model.embeddings.initializer.for_tables(tables)
+        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, shard_group, self.ctx.device)
+
+
+class TwoDSptt(ReplicaGroups, Sptt):
+    """2D sparse parallelism with DMT's SPTT inside each group of ``hosts / G`` hosts."""
+
+    name = "2d-sptt"
+
+
+class TwoDSpttTowers(ReplicaGroups, SpttTowers):
+    """2D sparse parallelism with DMT's SPTT and tower modules inside each group of ``hosts / G`` hosts."""
+
+    name = "2d-sptt-towers"

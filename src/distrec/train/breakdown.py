@@ -24,8 +24,11 @@ COMPONENTS = (
     "loss",
     "backward",
     "gradient_all_reduce",
+    "replica_sync",
     "optimizer",
 )
+COLLECTIVES = ("input_all_to_all", "output_all_to_all", "gradient_all_reduce", "replica_sync")
+"""The components that send bytes (the keys of ``bytes_per_step``)."""
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -42,13 +45,15 @@ class StepTimer:
     """Accumulates milliseconds per component for every step, then summarises them.
 
     ``TrainStep`` charges ``forward``, ``loss``, ``backward``, ``gradient_all_reduce`` and
-    ``optimizer``; the trainer charges ``data_loading``. At the end of each step the
-    forward time is split with what the watched modules reported:
+    ``optimizer``; the trainer charges ``data_loading``; a parallel mode charges its own
+    collectives (``replica_sync``: time with ``phase``, bytes with ``add_bytes``). A phase
+    inside another is charged to itself only. At the end of each step the forward time is
+    split with what the watched modules reported:
 
     - ``watch_embeddings(module, exchange)``: time inside the embedding module (training
       forwards only) is ``lookup``, the rest of the forward ``dense_forward``; the exchange
       statistics of a sharded module (``input_ms``, ``output_ms``) move its all-to-all time
-      to ``input_all_to_all`` and ``output_all_to_all``;
+      to ``input_all_to_all`` and ``output_all_to_all``, and its bytes are charged there;
     - ``watch_ddp(ddp)``: the time during which a DDP gradient all-reduce was in flight
       (it overlaps backward) moves from ``backward`` to ``gradient_all_reduce``.
 
@@ -61,6 +66,9 @@ class StepTimer:
         self.skip_first = skip_first
         self.steps: list[dict[str, float]] = []
         self.current: dict[str, float] = defaultdict(float)
+        self.step_bytes: list[dict[str, int]] = []
+        self.current_bytes: dict[str, int] = defaultdict(int)
+        self._nested_ms: list[float] = []  # per open phase, the ms of the phases inside it
         self._embedding_ms = 0.0
         self._all_reduces: list[tuple[float, float]] = []
 
@@ -71,13 +79,24 @@ class StepTimer:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Charge the time inside the block to ``name``, less that of the phases inside it."""
         start = self._now()
-        yield
-        self.current[name] += (self._now() - start) * 1e3
+        self._nested_ms.append(0.0)
+        try:
+            yield
+        finally:
+            ms = (self._now() - start) * 1e3
+            self.current[name] += ms - self._nested_ms.pop()
+            if self._nested_ms:
+                self._nested_ms[-1] += ms
 
     def add(self, name: str, ms: float) -> None:
         """Charge ``ms`` measured elsewhere (e.g. inside a module) to ``name``."""
         self.current[name] += ms
+
+    def add_bytes(self, name: str, sent: int) -> None:
+        """Charge ``sent`` bytes sent by this rank to the collective component ``name``."""
+        self.current_bytes[name] += sent
 
     def watch_embeddings(self, module: torch.nn.Module, exchange: Callable[[], ExchangeStats | None] = lambda: None) -> None:
         """Time every training forward of ``module``; ``exchange()`` gives the all-to-all
@@ -96,6 +115,8 @@ class StepTimer:
                 if stats is not None:
                     self.current["input_all_to_all"] += stats.input_ms
                     self.current["output_all_to_all"] += stats.output_ms
+                    self.add_bytes("input_all_to_all", stats.input_bytes)
+                    self.add_bytes("output_all_to_all", stats.output_bytes)
                     ms -= stats.input_ms + stats.output_ms
                 self.current["lookup"] += max(0.0, ms)
 
@@ -127,7 +148,9 @@ class StepTimer:
             step["gradient_all_reduce"] += overlap
             step["backward"] = max(0.0, step["backward"] - overlap)
         self.steps.append(dict(step))
+        self.step_bytes.append(dict(self.current_bytes))
         self.current = defaultdict(float)
+        self.current_bytes = defaultdict(int)
         self._embedding_ms = 0.0
         self._all_reduces = []
 
@@ -139,6 +162,11 @@ class StepTimer:
             values = np.array([s.get(name, 0.0) for s in steps]) if steps else np.zeros(1)
             out[name] = {"mean_ms": float(values.mean()), "median_ms": float(np.median(values))}
         return out
+
+    def bytes_per_step(self) -> dict[str, float]:
+        """Mean bytes this rank sent per step in each of ``COLLECTIVES`` charged with
+        ``add_bytes`` (every step counted: bytes do not warm up)."""
+        return {name: float(np.mean([s.get(name, 0) for s in self.step_bytes])) if self.step_bytes else 0.0 for name in COLLECTIVES}
 
     def write(self, path: Path, **extra) -> None:
         """Write ``{"components": summary, "steps": n, **extra}`` as JSON (atomically)."""

@@ -351,7 +351,6 @@ class Trainer:
 
     def _breakdown_extra(self) -> dict[str, Any]:
         """What the breakdown describes, and bytes sent per step by this rank's collectives."""
-        stats = self.mode.exchange_stats()
         dense_bytes = sum(p.numel() * p.element_size() for p in self.model.dense_parameters())
         label = f"{self.world_size}p {self.mode.embeddings}"
         if self.mode.plan is not None:
@@ -361,11 +360,7 @@ class Trainer:
             "world_size": self.world_size,
             "embeddings": self.mode.embeddings,
             "batch_size": self.cfg.train.batch_size,
-            "bytes_per_step": {
-                "input_all_to_all": stats.input_bytes if stats else 0,
-                "output_all_to_all": stats.output_bytes if stats else 0,
-                "gradient_all_reduce": dense_bytes if self.distributed else 0,
-            },
+            "bytes_per_step": {**self.timer.bytes_per_step(), "gradient_all_reduce": dense_bytes if self.distributed else 0},
         }
 
 
