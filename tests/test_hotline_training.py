@@ -152,7 +152,7 @@ def test_loading_from_a_directory_without_hotline_files_is_a_user_error(tmp_path
 # 1200 synthetic rows (1080 train = 17 batches of 64 per epoch), small tables, one thread
 TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.table_rows=200",
             "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "5", "--no-progress",
-            "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
+            "--optimizer", "sgd", "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
 
 
 def run_outcome(run):

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(hotline)
     add_data_args(hotline)
-    hotline.add_argument("--batch-size", type=int, metavar="B", help="mini-batch size in samples (default train.batch_size)")
+    hotline.add_argument("--batch-size", type=int, metavar="B", help="mini-batch size in samples (default train.batch_size, else from the training rows)")
     hotline.add_argument("--max-ind-range", type=int, metavar="ROWS", help="rows per hashed table (default 100000)")
     hotline.add_argument("--batches", type=int, default=200, metavar="N", help="mini-batches of the training split to stream (default 200)")
     hotline.add_argument(
@@ -111,6 +111,7 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
 def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     import numpy as np
 
+    from distrec.config import auto_batch_size
     from distrec.data import Dataset, prepare
     from distrec.hotline.access_logger import AccessLogger, logger_bytes_for, measure_recall
     from distrec.hotline.hot_set import hot_row_bytes
@@ -129,6 +130,8 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dataset = Dataset(prepare(cfg.data, progress=not args.no_progress), cfg.data)
     rows = dataset.split(cfg.data.split, seed=cfg.train.seed)["train"]
+    if cfg.train.batch_size is None:
+        cfg.train.batch_size = auto_batch_size(len(rows))
     tables = dataset.tables(cfg.model.embedding_dim)
     space = RowSpace.from_tables(tables)
     dim = cfg.model.embedding_dim

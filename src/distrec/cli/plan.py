@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--batch-size",
         type=int,
         metavar="B",
-        help="samples per training batch: with --data for the table statistics (default train.batch_size); with --algorithm torchrec for its estimates (default the cost models')",
+        help="samples per training batch: with --data for the table statistics (default train.batch_size, else from the rows); with --algorithm torchrec for its estimates (default the cost models')",
     )
     tables.add_argument("--sample-rows", type=int, default=262_144, metavar="N", help="with --data: rows read to measure the tables")
     p.add_argument("--devices", type=int, metavar="D", help="number of devices (ranks)")
@@ -147,13 +147,15 @@ def _tables(args: argparse.Namespace):
 
         return load_table_specs(args.tables)
     from distrec.cli.args import config_from_args
+    from distrec.config import auto_batch_size
     from distrec.data import Dataset, prepare
     from distrec.planner.data_tables import table_specs_from_dataset
 
     cfg = config_from_args(args)
     dataset = Dataset(prepare(cfg.data, progress=not args.no_progress), cfg.data)
     dim = args.dim or cfg.model.embedding_dim
-    return table_specs_from_dataset(dataset, dim, cfg.train.batch_size, args.sample_rows, progress=not args.no_progress)
+    batch_size = cfg.train.batch_size or auto_batch_size(dataset.num_rows)
+    return table_specs_from_dataset(dataset, dim, batch_size, args.sample_rows, progress=not args.no_progress)
 
 
 def run_collect(args: argparse.Namespace, argv: list[str]) -> int:
