@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,6 +182,7 @@ class Trainer:
             self._saved_step = self.progress.step
         elif main:
             save_fingerprint(self.out, self.cfg.data)
+            print(f"distrec: writing the run to {self.out}", file=sys.stderr)  # a resume says where it starts instead
         if resume and self.progress.step >= self.total_steps:
             return self._nothing_to_do()
         log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
