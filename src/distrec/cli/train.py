@@ -107,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _quiet_launcher(announce_failures: bool) -> Iterator[None]:
     """Few log lines in this process during the block: torch's elastic launcher logs each
     signal and failed worker, repeating what the workers and this command report. With
-    ``announce_failures`` its error lines stay (they announce the failures it restarts after)."""
+    ``announce_failures`` its error lines stay (``announcing_restarts`` turns the one about each
+    failed attempt into a line of ours)."""
     before = logging.root.manager.disable
     logging.disable(logging.WARNING if announce_failures else logging.ERROR)
     try:
