@@ -53,7 +53,6 @@ HELP_NOT_RUN = {
     "distrec plan --data day_0.gz": "day_0.gz stands for a Criteo day file",
     "distrec train --data day_0.gz": "day_0.gz stands for a Criteo day file",
     # --- run directories that no example before them creates ---
-    "distrec report runs/tw2 runs/cw2 runs/rw2": "no example trains runs/tw2, runs/cw2 and runs/rw2",
     "distrec partition --checkpoint runs/synth": "no example trains runs/synth",
 }
 

@@ -24,6 +24,8 @@ TINY = [
     "64",
     "--seed",
     "3",
+    "--optimizer",
+    "sgd",
     "--eval-every",
     "4",
     "--no-progress",

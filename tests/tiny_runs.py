@@ -19,6 +19,7 @@ TINY_DATA = [
     "data.synthetic.table_rows=97",
     "data.synthetic.pooling_factor=2",
     "train.batch_size=70",
+    "train.optimizer=sgd",
     "train.lr=0.5",
 ]
 

@@ -89,15 +89,30 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop."""
+    """The optimisation loop.
 
-    epochs: int = 1
+    Unset fields take defaults that suit the data (``resolve_optimizers`` when the config
+    loads; ``auto_batch_size`` and ``auto_eval_every`` when the trainer knows the rows):
+
+    - ``optimizer`` unset: Adam for the dense layers and row-wise Adagrad for the embedding
+      rows (``DEFAULT_SETUP``), each at its own default step. An ``optimizer`` set alone
+      trains the embeddings with its sparse form, at ``lr`` unless ``embedding_lr`` is set.
+    - ``lr`` unset: ``DEFAULT_LR`` of the dense optimizer.
+    - ``epochs`` and ``max_steps`` unset: train until the validation AUC has not improved
+      for ``patience`` evaluations (at most ``MAX_EPOCHS`` epochs), keep the best model in
+      ``best/`` beside the last one in ``checkpoint/``.
+    - ``batch_size`` unset: a power of two from the training rows (``auto_batch_size``).
+    - ``eval_every`` 0: evaluate at the end only, or ``EVALS_PER_EPOCH`` times per epoch
+      when training until the validation AUC stops improving.
+    """
+
+    epochs: int | None = None
     max_steps: int | None = None
-    batch_size: int = 1024
+    batch_size: int | None = None
     eval_batch_size: int = 16384
-    lr: float = 0.1
+    lr: float | None = None
     embedding_lr: float | None = None
-    optimizer: str = "sgd"
+    optimizer: str | None = None
     embedding_optimizer: str | None = None
     weight_decay: float = 0.0
     embedding_weight_decay: float = 0.0
@@ -106,10 +121,60 @@ class TrainConfig:
     decay_start_step: int = 0
     decay_steps: int = 0
     eval_every: int = 0
+    patience: int = 5
     checkpoint_every: int = 0
     log_every: int = 50
+    tensorboard: bool = False  # also write the metrics as TensorBoard scalars into RUN_DIR/tensorboard
     seed: int = 0
     threads: int = 0
+
+    @property
+    def until_converged(self) -> bool:
+        """Whether the run's length is decided by early stopping (no epochs nor max_steps)."""
+        return self.epochs is None and self.max_steps is None
+
+
+DEFAULT_LR = {"sgd": 0.1, "adagrad": 0.01, "adam": 0.001}
+"""Learning rate of each optimizer when ``train.lr`` is unset (SGD's is the DLRM reference's)."""
+
+DEFAULT_SETUP = {"optimizer": "adam", "lr": DEFAULT_LR["adam"], "embedding_optimizer": "adagrad", "embedding_lr": 0.03}
+"""The optimizers when none is chosen: Adam for the dense layers, row-wise Adagrad for the
+embedding rows (both scale their steps by the gradients they see, so one setting learns on
+data of any size; measured in docs/training.md, "Defaults")."""
+
+MAX_EPOCHS = 100
+"""Epochs at most when training until the validation AUC stops improving."""
+
+EVALS_PER_EPOCH = 4
+"""Evaluations per epoch when training until the validation AUC stops improving."""
+
+
+def resolve_optimizers(t: TrainConfig) -> None:
+    """Fill the unset optimizer fields of ``t`` (see TrainConfig) in place."""
+    if t.optimizer is None:
+        t.optimizer = DEFAULT_SETUP["optimizer"]
+        if t.embedding_optimizer is None:
+            t.embedding_optimizer = DEFAULT_SETUP["embedding_optimizer"]
+            if t.embedding_lr is None and t.lr is None:
+                t.embedding_lr = DEFAULT_SETUP["embedding_lr"]
+    if t.lr is None and t.optimizer in DEFAULT_LR:
+        t.lr = DEFAULT_LR[t.optimizer]
+
+
+def auto_batch_size(train_rows: int) -> int:
+    """The mini-batch when ``train.batch_size`` is unset: the largest power of two up to
+    ``train_rows / BATCHES_PER_EPOCH``, within [32, 1024] (1024 is the DLRM reference's)."""
+    target = max(1, train_rows // BATCHES_PER_EPOCH)
+    return min(1024, max(32, 1 << (target.bit_length() - 1)))
+
+
+BATCHES_PER_EPOCH = 256
+"""What ``auto_batch_size`` aims at: small data gets more, smaller steps per epoch."""
+
+
+def auto_eval_every(steps_per_epoch: int) -> int:
+    """Steps between evaluations when training until the validation AUC stops improving."""
+    return max(1, math.ceil(steps_per_epoch / EVALS_PER_EPOCH))
 
 
 @dataclass
@@ -359,6 +424,7 @@ def from_dict(d: dict) -> RunConfig:
     model = d.get("model") or {}
     preset = model.get("preset") if isinstance(model, dict) else None
     cfg = _from_dict(RunConfig, {k: v for k, v in d.items()})
+    resolve_optimizers(cfg.train)
     if preset is not None:
         # the preset first, then any architecture field the file sets explicitly
         explicit = {k: getattr(cfg.model, k) for k in model if k != "preset"}
@@ -442,9 +508,10 @@ def validate(cfg: RunConfig) -> None:
             raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(choices)}")
     t, m, dc = cfg.train, cfg.model, cfg.data
     positive = {
-        "train.batch_size": t.batch_size,
+        "train.batch_size": 1 if t.batch_size is None else t.batch_size,
         "train.eval_batch_size": t.eval_batch_size,
-        "train.epochs": t.epochs,
+        "train.epochs": 1 if t.epochs is None else t.epochs,
+        "train.patience": t.patience,
         "model.embedding_dim": m.embedding_dim,
         "data.max_ind_range": dc.max_ind_range,
         "data.chunk_rows": dc.chunk_rows,
@@ -457,7 +524,7 @@ def validate(cfg: RunConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise DistrecError(f"{key} is {value}; it must be at least 1")
-    if t.lr <= 0:
+    if t.lr is None or t.lr <= 0:
         raise DistrecError(f"train.lr is {t.lr}; it must be positive")
     if t.max_steps is not None and t.max_steps < 1:
         raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")

@@ -22,7 +22,7 @@ examples:
   distrec train --max-steps 300                       # synthetic Criteo-like data, tiny run
   distrec train --preset dlrm-kaggle --data-format criteo \\
       --data ../shared/data/criteo/criteo_kaggle_sample.tsv --split last:0.2 --out runs/criteo
-  distrec train --data-format movielens --data ../shared/data/movielens --epochs 3 --out runs/ml
+  distrec train --data-format movielens --data ../shared/data/movielens --out runs/ml   # until the AUC stops improving
   distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
   distrec train --hotline --hot-budget 64MB --sample-rate 0.25 --relearn-every 40 --out runs/hot
@@ -39,15 +39,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(train)
     train.add_argument("--split", metavar="SPEC", help="holdout: random:VAL[:TEST] or last:VAL[:TEST] (fractions), default random:0.1")
     train.add_argument("--max-ind-range", type=int, metavar="ROWS", help="rows per hashed table (default 100000)")
-    train.add_argument("--epochs", type=int, metavar="N", help="passes over the training split (ignored when --max-steps is set)")
+    train.add_argument(
+        "--epochs",
+        type=int,
+        metavar="N",
+        help="passes over the training split (ignored when --max-steps is set; default: until the validation AUC stops improving)",
+    )
     train.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps in total")
-    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples")
-    train.add_argument("--lr", type=float, metavar="X", help="learning rate")
-    train.add_argument("--optimizer", choices=["sgd", "adagrad", "adam"], help="optimizer (embeddings get its sparse, row-wise form)")
-    train.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps (and always at the end)")
+    train.add_argument("--patience", type=int, metavar="N", help="without --epochs/--max-steps: stop after N evaluations without a better AUC (default 5)")
+    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples (default: from the training rows, 32 to 1024)")
+    train.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the optimizer's; sgd 0.1, adagrad 0.01, adam 0.001)")
+    train.add_argument(
+        "--optimizer",
+        choices=["sgd", "adagrad", "adam"],
+        help="optimizer, embeddings get its sparse, row-wise form (default: adam for the dense layers, row-wise adagrad for the embeddings)",
+    )
+    train.add_argument(
+        "--eval-every", type=int, metavar="N", help="evaluate every N steps and at the end (default: at the end, or 4 times per epoch without a fixed length)"
+    )
     train.add_argument("--seed", type=int, metavar="S", help="random seed")
     train.add_argument("--out", metavar="DIR", help="run directory for config, metrics, summary and checkpoint (default runs/<time>)")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR; raise --max-steps or --epochs to train further")
+    train.add_argument(
+        "--tensorboard",
+        action="store_true",
+        default=None,
+        help="also write the metrics, speed and time breakdown as TensorBoard scalars into OUT/tensorboard (pip install 'distrec[tensorboard]')",
+    )
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out (by default an --out that holds files is refused)")
     add_trust_arg(train)
     dist_args = train.add_argument_group("distributed training")
@@ -192,6 +210,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.train.evaluate import default_device
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
+    from distrec.train.tensorboard import require_tensorboard
 
     check_at_least("--max-restarts", args.max_restarts, 0)
     check_at_least("--nproc-per-node", args.nproc_per_node, 1)
@@ -224,10 +243,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(
                 f"{what} cannot change a resumed run; --resume DIR takes only --max-steps, --epochs, --eval-every, --timeout-seconds, "
-                "--trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
+                "--tensorboard, --trust-checkpoint and, to reshard, --nproc-per-node, --plan, --sharding, --memory-per-rank and --replica-groups"
             )
         parallel = {k: getattr(args, k) for k in ("plan", "sharding", "memory_per_rank", "replica_groups", "timeout_seconds") if getattr(args, k) is not None}
         cfg = resume_config(Path(args.resume), epochs=args.epochs, max_steps=args.max_steps, eval_every=args.eval_every, parallel=parallel)
+        cfg.train.tensorboard = cfg.train.tensorboard or bool(args.tensorboard)
         out = Path(args.resume)
         check_run_data(out, cfg.data)  # before any worker starts; the trainer checks again
     else:
@@ -238,6 +258,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         out = Path(args.out) if args.out else _default_out()
     if not (args.resume or args.overwrite or _restart_count() > 0):
         _check_out(out)
+    if cfg.train.tensorboard:
+        require_tensorboard()
     try:
         if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
             check_run(cfg, args.nproc_per_node, progress=not args.no_progress)

@@ -76,12 +76,15 @@ class PipelineStats:
         self.lookups += hot.numel()
         self.hot_lookups += int(hot.sum())
 
+    def fractions(self) -> dict[str, float]:
+        """The popular and hot-lookup fractions so far."""
+        return {"popular_fraction": self.popular_fraction, "hot_lookup_fraction": self.hot_lookup_fraction}
+
     def summary(self, hot_rows: int, budget_bytes: int) -> dict[str, Any]:
         """The figures a run reports: popular and hot-lookup fractions, re-learnings, and the
         hot set's size (rows) and budget (bytes)."""
         return {
-            "popular_fraction": self.popular_fraction,
-            "hot_lookup_fraction": self.hot_lookup_fraction,
+            **self.fractions(),
             "relearns": self.relearns,
             "hot_rows": hot_rows,
             "hot_budget_bytes": budget_bytes,

@@ -47,6 +47,9 @@ class ReplicatedHotline(Sharded):
         self.training = DistributedHotlineTraining(model, self.ctx.cfg, self.ctx.total_steps, self.ctx.timer)
         return self.training
 
+    def training_extra(self) -> dict[str, float]:
+        return self.training.counters.fractions()
+
     def summary_extra(self) -> dict[str, Any]:
         self.training.counters.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}

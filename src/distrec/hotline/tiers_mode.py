@@ -43,6 +43,9 @@ class HotlineTiers(ParallelMode):
         self.training = HotlineTraining(model, c.cfg, c.total_steps, c.run_dir, c.tables, c.progress, c.timer)
         return self.training
 
+    def training_extra(self) -> dict[str, float]:
+        return self.training.pipeline.stats.fractions()
+
     def summary_extra(self) -> dict[str, Any]:
         self.training.pipeline.stats.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
         return {"hotline": self.training.stats()}

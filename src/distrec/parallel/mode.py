@@ -144,6 +144,10 @@ class ParallelMode(ABC):
         """Bytes and times of the last forward's embedding all-to-alls (None: no exchange)."""
         return None
 
+    def training_extra(self) -> dict[str, float]:
+        """Mode-specific numbers logged beside the training loss (rank 0's; not a collective)."""
+        return {}
+
     def evaluation_extra(self) -> dict[str, float]:
         """Mode-specific metrics beside each evaluation's (a collective)."""
         return {}

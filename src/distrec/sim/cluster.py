@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from distrec.errors import DistrecError
 
@@ -30,6 +31,9 @@ SCALE_OUT_LATENCY_S = 15e-6
 LINK_EFFICIENCY = 0.8
 # Fraction of peak FLOP/s the dense layers reach (assumed; recommendation MLPs are small).
 COMPUTE_EFFICIENCY = 0.3
+
+# How the cluster's collective library all-reduces (see ``distrec.sim.collectives.all_reduce``).
+AllReduceAlgorithm = Literal["auto", "ring", "hierarchical", "tree"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ class LinkParams:
 @dataclass(frozen=True)
 class Cluster:
     """``hosts`` hosts of ``gpus_per_host`` GPUs, linked inside hosts by ``scale_up`` and
-    across hosts by ``scale_out`` (each GPU has its own share of both)."""
+    across hosts by ``scale_out`` (each GPU has its own share of both); its collective
+    library all-reduces with ``all_reduce_algorithm``."""
 
     hosts: int
     gpus_per_host: int
@@ -86,10 +91,13 @@ class Cluster:
     compute_efficiency: float
     scale_up: LinkParams
     scale_out: LinkParams
+    all_reduce_algorithm: AllReduceAlgorithm = "auto"
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus_per_host < 1:
             raise DistrecError(f"cluster of {self.hosts} x {self.gpus_per_host} GPUs is invalid; both must be >= 1")
+        if self.all_reduce_algorithm not in get_args(AllReduceAlgorithm):
+            raise DistrecError(f"unknown all-reduce algorithm {self.all_reduce_algorithm!r}; choose one of: {', '.join(get_args(AllReduceAlgorithm))}")
 
     @property
     def num_gpus(self) -> int:

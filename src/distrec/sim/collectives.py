@@ -1,53 +1,133 @@
-"""Cost models of the collectives (seconds), built from ``LinkParams``.
+"""What one rank sends in a collective, and how long the collective takes (``Traffic``).
 
-All-to-all: every GPU sends one message to each other member; messages over the two link
-classes travel at the same time, so a flat all-to-all over a multi-host cluster takes the
-longer of its intra-host and cross-host parts. Ring all-reduce of S bytes over n members:
-``2 (n - 1)`` steps of ``S / n`` bytes (Patarasuk and Yuan, 2009). Hierarchical all-reduce:
-reduce-scatter and all-gather inside each host, a ring all-reduce of ``S / L`` bytes among
-peers across hosts.
+Ranks are numbered host by host; a collective's members are either consecutive ranks (an
+all-to-all inside a 2D group) or ``hosts x per_host`` ranks spread evenly over hosts (an
+all-reduce or all-gather). Costs follow ``LinkParams.time_s`` (latency per message plus
+bytes over effective bandwidth):
+
+- all-to-all: one message to each other member; the intra-host and the cross-host messages
+  travel at the same time, so it takes the longer of the two parts;
+- ring all-reduce of X bytes over n members: ``2 (n - 1)`` steps of ``X / n`` bytes
+  (Patarasuk and Yuan, 2009), each step bounded by the cross-host link when the ring
+  leaves the host; only ``hosts`` of its n edges cross hosts;
+- hierarchical all-reduce: a ring inside each host, then a ring of ``X / per_host`` bytes
+  among peers across hosts;
+- tree: the ring inside each host, then a double binary tree of ``X / per_host`` bytes
+  across hosts (NCCL's algorithm at scale): ``2 ceil(log2 hosts)`` latencies plus twice
+  the bytes over the bandwidth, each rank sending about twice its share;
+- auto: the faster of hierarchical and tree, as NCCL's tuner picks by predicted time;
+- ring all-gather of X bytes per member: ``n - 1`` steps of X bytes.
+
+Bytes are those a rank sends to other ranks (its share for itself stays local), averaged
+over the members; ``cross_host_bytes`` is the part that leaves the host.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, fields
+
 from distrec.errors import DistrecError
-from distrec.sim.cluster import Cluster, LinkParams
-
-ALL_REDUCE_ALGORITHMS = ("ring", "hierarchical")
+from distrec.sim.cluster import AllReduceAlgorithm, Cluster, LinkParams
 
 
-def all_to_all_time(link: LinkParams, peers: int, bytes_per_peer: float) -> float:
-    """An all-to-all over one link class: ``peers`` messages of ``bytes_per_peer`` each."""
-    return link.time_s(peers * bytes_per_peer, messages=peers) if peers > 0 else 0.0
+@dataclass(frozen=True)
+class Traffic:
+    """One rank's share of a collective (or of a component of a step).
 
-
-def flat_all_to_all_time(cluster: Cluster, bytes_per_peer: float) -> float:
-    """An all-to-all over all GPUs: L - 1 messages inside the host, N - L across hosts."""
-    local = cluster.gpus_per_host
-    return max(
-        all_to_all_time(cluster.scale_up, local - 1, bytes_per_peer),
-        all_to_all_time(cluster.scale_out, cluster.num_gpus - local, bytes_per_peer),
-    )
-
-
-def ring_all_reduce_time(link: LinkParams, members: int, num_bytes: float) -> float:
-    """Ring all-reduce of ``num_bytes`` over ``members`` GPUs on one link class."""
-    if members <= 1 or num_bytes <= 0:
-        return 0.0
-    return 2 * (members - 1) * link.time_s(num_bytes / members)
-
-
-def all_reduce_time(cluster: Cluster, num_bytes: float, algorithm: str = "hierarchical") -> float:
-    """All-reduce of ``num_bytes`` over all GPUs.
-
-    ``ring``: one ring through every GPU, each step bounded by the cross-host link when
-    there are several hosts. ``hierarchical``: a ring inside each host, then a ring of
-    ``num_bytes / L`` among peers across hosts.
+    Attributes:
+        bytes: bytes sent to other ranks.
+        messages: messages sent.
+        cross_host_bytes: the part of ``bytes`` that leaves the host.
+        ms: time the collective takes (milliseconds).
     """
+
+    bytes: float = 0.0
+    messages: float = 0.0
+    cross_host_bytes: float = 0.0
+    ms: float = 0.0
+
+    def __add__(self, other: Traffic) -> Traffic:
+        """Two collectives one after the other."""
+        return Traffic(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def __mul__(self, factor: float) -> Traffic:
+        """``factor`` times the collective (2: forward and backward; 1 / K: once every K steps)."""
+        return Traffic(*(getattr(self, f.name) * factor for f in fields(self)))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def exchange(link: LinkParams, peers: int, bytes_per_peer: float, cross_host: bool) -> Traffic:
+    """One message of ``bytes_per_peer`` to each of ``peers`` peers over ``link``."""
+    if peers <= 0:
+        return Traffic()
+    sent = peers * bytes_per_peer
+    return Traffic(bytes=sent, messages=peers, cross_host_bytes=sent if cross_host else 0.0, ms=1e3 * link.time_s(sent, messages=peers))
+
+
+def members_per_host(cluster: Cluster, members: int) -> int:
+    """How many of ``members`` consecutive ranks share a host (a group fills hosts or fits in one)."""
+    local = cluster.gpus_per_host
+    if members < 1 or cluster.num_gpus % members or (members % local and local % members):
+        raise DistrecError(
+            f"a group of {members} ranks does not tile {cluster.hosts} hosts of {local} GPUs; use a group size that divides {local} or is a multiple of it"
+        )
+    return min(members, local)
+
+
+def all_to_all(cluster: Cluster, members: int, bytes_per_peer: float, per_host: int | None = None) -> Traffic:
+    """An all-to-all among ``members`` ranks, ``bytes_per_peer`` to each other member; ``per_host``
+    of them share each host (default: consecutive ranks)."""
+    local = members_per_host(cluster, members) if per_host is None else per_host
+    intra = exchange(cluster.scale_up, local - 1, bytes_per_peer, cross_host=False)
+    cross = exchange(cluster.scale_out, members - local, bytes_per_peer, cross_host=True)
+    return Traffic(intra.bytes + cross.bytes, intra.messages + cross.messages, cross.cross_host_bytes, max(intra.ms, cross.ms))
+
+
+def ring_all_reduce(cluster: Cluster, num_bytes: float, hosts: int, per_host: int) -> Traffic:
+    """Ring all-reduce of ``num_bytes`` over ``hosts x per_host`` ranks, one ring through all."""
+    members = hosts * per_host
+    if members <= 1 or num_bytes <= 0:
+        return Traffic()
+    link = cluster.scale_out if hosts > 1 else cluster.scale_up
+    steps, chunk = 2 * (members - 1), num_bytes / members
+    sent = steps * chunk
+    return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(chunk))
+
+
+def tree_all_reduce(cluster: Cluster, num_bytes: float, hosts: int) -> Traffic:
+    """Double-binary-tree all-reduce of ``num_bytes`` among ``hosts`` peers across hosts."""
+    if hosts <= 1 or num_bytes <= 0:
+        return Traffic()
+    link = cluster.scale_out
+    depth = math.ceil(math.log2(hosts))
+    ms = 1e3 * (2 * depth * link.latency_s + 2 * num_bytes / (link.bandwidth * link.efficiency))
+    return Traffic(bytes=2 * num_bytes, messages=4, cross_host_bytes=2 * num_bytes, ms=ms)
+
+
+def all_reduce(cluster: Cluster, num_bytes: float, hosts: int, per_host: int, algorithm: AllReduceAlgorithm | None = None) -> Traffic:
+    """All-reduce of ``num_bytes`` over ``hosts x per_host`` ranks (default: the cluster's algorithm)."""
+    algorithm = algorithm or cluster.all_reduce_algorithm
     if algorithm == "ring":
-        link = cluster.scale_out if cluster.hosts > 1 else cluster.scale_up
-        return ring_all_reduce_time(link, cluster.num_gpus, num_bytes)
+        return ring_all_reduce(cluster, num_bytes, hosts, per_host)
+    inside = ring_all_reduce(cluster, num_bytes, 1, per_host)
     if algorithm == "hierarchical":
-        local = cluster.gpus_per_host
-        return ring_all_reduce_time(cluster.scale_up, local, num_bytes) + ring_all_reduce_time(cluster.scale_out, cluster.hosts, num_bytes / local)
-    raise DistrecError(f"unknown all-reduce algorithm {algorithm!r}; choose one of: {', '.join(ALL_REDUCE_ALGORITHMS)}")
+        return inside + ring_all_reduce(cluster, num_bytes / per_host, hosts, 1)
+    if algorithm == "tree":
+        return inside + tree_all_reduce(cluster, num_bytes / per_host, hosts)
+    if algorithm == "auto":
+        return min((all_reduce(cluster, num_bytes, hosts, per_host, a) for a in ("hierarchical", "tree")), key=lambda t: t.ms)
+    raise DistrecError(f"unknown all-reduce algorithm {algorithm!r}; choose one of: auto, ring, hierarchical, tree")
+
+
+def all_gather(cluster: Cluster, bytes_per_member: float, hosts: int, per_host: int) -> Traffic:
+    """Ring all-gather of ``bytes_per_member`` from each of ``hosts x per_host`` ranks."""
+    members = hosts * per_host
+    if members <= 1:
+        return Traffic()
+    link = cluster.scale_out if hosts > 1 else cluster.scale_up
+    steps = members - 1
+    sent = steps * bytes_per_member
+    return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(bytes_per_member))

@@ -1,62 +1,43 @@
-"""Predicted iteration time of hybrid-parallel DLRM training: flat, SPTT and DMT.
+"""Predicted iteration of hybrid-parallel DLRM training: flat, SPTT, DMT, 2D and DMT x 2D.
 
-Per GPU and iteration (b samples per GPU, N = H x L GPUs, F features of dimension D pooled
-table-wise, F / N per GPU, e bytes per float):
+A scheme is a lookup (flat all-to-all, or DMT's SPTT with tower modules of compression
+ratio CR) and a number G of 2D replica groups (1: full sharding over all ranks); its
+iteration is compute plus the components of ``distrec.sim.components``, added up (no
+overlap of communication and compute):
 
-- compute: dense forward + backward = 3 x forward FLOPs, at ``peak x efficiency``; DMT adds
-  its tower modules (each GPU runs its host's tower on the H x b samples of its peers, which
-  is b samples' worth of all towers' FLOPs);
-- index exchange (step (a), the same in all schemes): a flat all-to-all of
-  ``b x F/N x pooling`` indices per peer;
-- embedding exchange, forward and again backward (the gradients):
-  flat: one all-to-all of ``b x F/N x D x e`` bytes per peer;
-  SPTT: an intra-host all-to-all of ``H b x F/N x D x e`` bytes to each of L - 1 peers,
-  then a cross-host one of ``b x F/H x D x e / CR`` bytes to each of H - 1 peers (CR = 1);
-  DMT: the same with the tower modules' compression ratio CR;
-- dense gradient all-reduce over all GPUs; DMT's tower-module gradients over the host only.
-
-Components add up: the model assumes no overlap of communication and compute, and leaves
-out lookups and optimizer steps (the same in every scheme).
+- ``flat``: flat lookup, G = 1; ``sptt``: SPTT without towers (CR 1); ``dmt``: SPTT with
+  towers of ratio CR;
+- ``2d``: flat lookup inside G groups (contiguous or strided, see ``components.Groups``);
+  ``dmt-2d``: DMT inside G contiguous groups of whole hosts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
-from distrec.sim.collectives import all_reduce_time, all_to_all_time, flat_all_to_all_time, ring_all_reduce_time
+from distrec.sim.collectives import Traffic
+from distrec.sim.components import Groups, Layout, Lookup, ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
+from distrec.sim.workload import Workload
 
-SCHEMES = ("flat", "sptt", "dmt")
+Scheme = Literal["flat", "sptt", "dmt", "2d", "dmt-2d"]
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+TWO_D_SCHEMES: tuple[Scheme, ...] = ("2d", "dmt-2d")
 
-
-@dataclass(frozen=True)
-class Workload:
-    """The model and batch of one training iteration.
-
-    Attributes:
-        local_batch: samples per GPU (b).
-        num_features: sparse features, one table each (F).
-        embedding_dim: floats per pooled embedding (D).
-        pooling: mean indices per feature and sample.
-        dense_mflops: forward MFLOPs per sample of the dense layers (bottom, interaction, top).
-        dense_params: replicated dense parameters, all-reduced every iteration.
-        tower_mflops: DMT only: forward MFLOPs per sample of all tower modules together.
-        tower_params: DMT only: parameters of one host's tower module.
-        bytes_per_float: bytes per exchanged embedding or gradient value.
-        bytes_per_index: bytes per sparse index.
-    """
-
-    local_batch: int = 1024
-    num_features: int = 256
-    embedding_dim: int = 128
-    pooling: float = 1.0
-    dense_mflops: float = 200.0
-    dense_params: int = 10_000_000
-    tower_mflops: float = 0.0
-    tower_params: int = 0
-    bytes_per_float: int = 4
-    bytes_per_index: int = 8
+__all__ = [
+    "SCHEMES",
+    "TWO_D_SCHEMES",
+    "IterationTime",
+    "Prediction",
+    "Workload",
+    "predict",
+    "predict_dmt",
+    "predict_flat",
+    "predict_iteration",
+    "predict_two_d",
+]
 
 
 @dataclass(frozen=True)
@@ -67,62 +48,109 @@ class IterationTime:
     index_exchange: float
     embedding_exchange: float
     all_reduce: float
+    replica_sync: float = 0.0
 
     @property
     def total(self) -> float:
         return sum(getattr(self, f.name) for f in fields(self))
 
 
-def predict_iteration(workload: Workload, cluster: Cluster, scheme: str, compression: float = 1.0) -> IterationTime:
-    """Predicted iteration time of ``scheme`` ("flat", "sptt" or "dmt" with ``compression``)."""
+@dataclass(frozen=True)
+class Prediction:
+    """One rank's predicted iteration: compute time and each communication component's traffic.
+
+    ``index_exchange + embedding_exchange`` is the embedding all-to-all; ``replica_sync`` is
+    per step (a periodic sync's cost divided by K); ``groups`` is G, laid out as ``layout``.
+    """
+
+    groups: int
+    layout: Layout
+    compute_ms: float
+    index_exchange: Traffic
+    embedding_exchange: Traffic
+    replica_sync: Traffic
+    all_reduce: Traffic
+
+    @property
+    def all_to_all(self) -> Traffic:
+        return self.index_exchange + self.embedding_exchange
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.all_to_all.ms + self.replica_sync.ms + self.all_reduce.ms
+
+    def times(self) -> IterationTime:
+        """Milliseconds per component."""
+        return IterationTime(self.compute_ms, self.index_exchange.ms, self.embedding_exchange.ms, self.all_reduce.ms, self.replica_sync.ms)
+
+    def as_dict(self) -> dict:
+        parts = ("index_exchange", "embedding_exchange", "replica_sync", "all_reduce")
+        return {
+            "groups": self.groups,
+            "layout": self.layout,
+            "compute_ms": self.compute_ms,
+            **{p: getattr(self, p).as_dict() for p in parts},
+            "total_ms": self.total_ms,
+        }
+
+
+def predict(
+    workload: Workload,
+    cluster: Cluster,
+    scheme: Scheme,
+    *,
+    groups: int = 1,
+    compression: float = 1.0,
+    sync: ReplicaSync = "periodic",
+    sync_every: int = 1,
+    layout: Layout = "contiguous",
+) -> Prediction:
+    """Predicted iteration of ``scheme`` (``groups``, ``sync``, ``sync_every`` and ``layout`` for
+    2D schemes only; ``compression`` for DMT schemes only)."""
     if scheme not in SCHEMES:
         raise DistrecError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
-    if compression <= 0:
-        raise DistrecError(f"compression {compression} must be positive")
-    w, c = workload, cluster
-    hosts, local, gpus = c.hosts, c.gpus_per_host, c.num_gpus
-    features_per_gpu = w.num_features / gpus
-    dense_flops = 3 * w.dense_mflops * 1e6 * w.local_batch
-    if scheme == "dmt":
-        dense_flops += 3 * w.tower_mflops * 1e6 * w.local_batch
-    compute = dense_flops / (c.peak_flops * c.compute_efficiency)
-    index = flat_all_to_all_time(c, w.local_batch * features_per_gpu * w.pooling * w.bytes_per_index)
-    all_reduce = all_reduce_time(c, 4 * w.dense_params)
-    if scheme == "flat":
-        one_way = flat_all_to_all_time(c, w.local_batch * features_per_gpu * w.embedding_dim * w.bytes_per_float)
-    else:
-        ratio = compression if scheme == "dmt" else 1.0
-        intra_bytes = hosts * w.local_batch * features_per_gpu * w.embedding_dim * w.bytes_per_float
-        cross_bytes = w.local_batch * (w.num_features / hosts) * w.embedding_dim * w.bytes_per_float / ratio
-        one_way = all_to_all_time(c.scale_up, local - 1, intra_bytes) + all_to_all_time(c.scale_out, hosts - 1, cross_bytes)
-        if scheme == "dmt":
-            all_reduce += ring_all_reduce_time(c.scale_up, local, 4 * w.tower_params)
-    return IterationTime(compute=1e3 * compute, index_exchange=1e3 * index, embedding_exchange=2e3 * one_way, all_reduce=1e3 * all_reduce)
+    if groups != 1 and scheme not in TWO_D_SCHEMES:
+        raise DistrecError(f"scheme {scheme!r} has no replica groups; use 2d or dmt-2d for {groups} groups")
+    if scheme == "dmt-2d" and layout != "contiguous":
+        raise DistrecError("DMT x 2D runs SPTT in groups of whole hosts; use the contiguous layout")
+    towers = scheme in ("dmt", "dmt-2d")
+    lookup: Lookup = "flat" if scheme in ("flat", "2d") else "sptt"
+    placed = Groups.on(cluster, groups, layout)
+    return Prediction(
+        groups=groups,
+        layout=layout,
+        compute_ms=compute_ms(workload, cluster, towers),
+        index_exchange=index_exchange(workload, cluster, placed),
+        embedding_exchange=embedding_exchange(workload, cluster, placed, lookup, compression if towers else 1.0),
+        replica_sync=replica_sync(workload, cluster, placed, sync, sync_every),
+        all_reduce=gradient_all_reduce(workload, cluster, placed, towers),
+    )
 
 
-def speedup_table(
+def predict_flat(workload: Workload, cluster: Cluster) -> Prediction:
+    """Full sharding over all ranks with a flat all-to-all."""
+    return predict(workload, cluster, "flat")
+
+
+def predict_dmt(workload: Workload, cluster: Cluster, compression: float) -> Prediction:
+    """DMT: SPTT with tower modules of compression ratio ``compression`` (1 without towers' gain)."""
+    return predict(workload, cluster, "dmt", compression=compression)
+
+
+def predict_two_d(
     workload: Workload,
-    hardware: tuple[str, ...] = ("V100", "A100", "H100"),
-    gpu_counts: tuple[int, ...] = (16, 32, 64, 128, 256, 512),
-    gpus_per_host: int = 8,
-    compression: float = 4.0,
-) -> list[dict]:
-    """Predicted iteration times (ms) and speedups over flat, by hardware and scale."""
-    rows = []
-    for name in hardware:
-        for gpus in gpu_counts:
-            cluster = Cluster.from_hardware(name, gpus, gpus_per_host)
-            flat, sptt, dmt = (predict_iteration(workload, cluster, s, compression).total for s in SCHEMES)
-            rows.append(
-                {
-                    "hardware": name,
-                    "gpus": gpus,
-                    "hosts": cluster.hosts,
-                    "flat_ms": flat,
-                    "sptt_ms": sptt,
-                    "dmt_ms": dmt,
-                    "speedup_sptt": flat / sptt,
-                    "speedup_dmt": flat / dmt,
-                }
-            )
-    return rows
+    cluster: Cluster,
+    groups: int,
+    sync: ReplicaSync = "periodic",
+    sync_every: int = 1,
+    compression: float | None = None,
+    layout: Layout = "contiguous",
+) -> Prediction:
+    """2D sparse parallelism with ``groups`` replica groups; with ``compression``, DMT x 2D."""
+    scheme: Scheme = "2d" if compression is None else "dmt-2d"
+    return predict(workload, cluster, scheme, groups=groups, compression=compression or 1.0, sync=sync, sync_every=sync_every, layout=layout)
+
+
+def predict_iteration(workload: Workload, cluster: Cluster, scheme: Scheme, compression: float = 1.0) -> IterationTime:
+    """Milliseconds per component of ``scheme`` ("flat", "sptt" or "dmt" with ``compression``)."""
+    return predict(workload, cluster, scheme, compression=compression).times()

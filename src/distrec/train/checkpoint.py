@@ -32,6 +32,8 @@ from distrec.io import atomic_directory, publish_directory
 from distrec.parallel.reshard import Block, held_blocks, import_blocks
 
 CHECKPOINT_DIR = "checkpoint"
+BEST_DIR = "best"
+"""The run directory's folder holding the model of the best validation AUC (a checkpoint too)."""
 META_FILE = "meta.json"
 FORMAT_VERSION = 3
 PICKLED_FORMAT_VERSION = 2  # loads only with trusting_pickles()
@@ -117,14 +119,16 @@ def _write_meta(directory: Path, meta: dict[str, Any], checksums: dict[str, str]
     (directory / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums}, indent=2))
 
 
-def save_checkpoint(run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None) -> Path:
-    """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/checkpoint.
+def save_checkpoint(
+    run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None, name: str = CHECKPOINT_DIR
+) -> Path:
+    """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/``name``.
 
     ``write_files(directory)``, when given, adds files too large for a state dict (Hotline's
     tables) to the checkpoint directory while it is being built. Raises DistrecError when the
     disk is full (the previous checkpoint stays, the partial one is removed).
     """
-    target = Path(run_dir) / CHECKPOINT_DIR
+    target = Path(run_dir) / name
     needed = max(sum(_tensor_bytes(state) for state in states.values()), _directory_bytes(target))
     with atomic_directory(target) as tmp, _disk_full_as_error(target, tmp, needed):
         for rank, state in states.items():
@@ -135,8 +139,10 @@ def save_checkpoint(run_dir: Path, states: dict[int, dict[str, Any]], meta: dict
     return target
 
 
-def save_checkpoint_collectively(run_dir: Path, state: dict[str, Any], meta: dict[str, Any], group: dist.ProcessGroup | None = None) -> Path:
-    """Every rank of ``group`` writes its ``state`` into run_dir/checkpoint; rank 0 adds ``meta``.
+def save_checkpoint_collectively(
+    run_dir: Path, state: dict[str, Any], meta: dict[str, Any], group: dist.ProcessGroup | None = None, name: str = CHECKPOINT_DIR
+) -> Path:
+    """Every rank of ``group`` writes its ``state`` into run_dir/``name``; rank 0 adds ``meta``.
 
     A collective call. The files go into a staging directory that rank 0 renames into place
     only after every rank has written, so a run killed during the save (any rank) leaves the
@@ -144,8 +150,8 @@ def save_checkpoint_collectively(run_dir: Path, state: dict[str, Any], meta: dic
     A full disk on any rank is a DistrecError on every rank, the staging directory removed.
     """
     rank = dist.get_rank(group)
-    target = Path(run_dir) / CHECKPOINT_DIR
-    staging = target.with_name(f".{CHECKPOINT_DIR}.writing")
+    target = Path(run_dir) / name
+    staging = target.with_name(f".{name}.writing")
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -171,13 +177,14 @@ def save_checkpoint_collectively(run_dir: Path, state: dict[str, Any], meta: dic
     return target
 
 
-def find_checkpoint(path: Path) -> Path:
-    """The checkpoint directory for ``path``: a run directory or the checkpoint folder itself.
+def find_checkpoint(path: Path, best: bool = False) -> Path:
+    """The checkpoint directory for ``path``: a run directory (its ``best/`` model first when
+    ``best``, else its last ``checkpoint/``) or a checkpoint folder itself.
 
     Falls back to the previous checkpoint when a save was interrupted between its two renames.
     """
     path = Path(path)
-    for candidate in (path, path / CHECKPOINT_DIR, path / f".{CHECKPOINT_DIR}.old", path.parent / f".{path.name}.old"):
+    for candidate in (path, *([path / BEST_DIR] if best else []), path / CHECKPOINT_DIR, path / f".{CHECKPOINT_DIR}.old", path.parent / f".{path.name}.old"):
         if (candidate / META_FILE).is_file():
             return candidate
     if not path.exists():

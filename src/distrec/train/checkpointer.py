@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from distrec.errors import DistrecError
 from distrec.parallel.mode import ParallelMode
-from distrec.train.checkpoint import load_state, read_meta, save_checkpoint, save_checkpoint_collectively
+from distrec.train.checkpoint import CHECKPOINT_DIR, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.train.rng import capture_rng, restore_rng
 
 
@@ -68,24 +68,36 @@ class Checkpointer:
         self.parts = parts
         self.run_meta = run_meta
 
-    def save(self) -> None:
-        """Write a checkpoint (every rank writes its own state file)."""
-        state = {**self.mode.state_dict(), **{name: part.state_dict() for name, part in self.parts.items()}}
+    def save(self, name: str = CHECKPOINT_DIR) -> None:
+        """Write the checkpoint run_dir/``name`` (every rank writes its own state file)."""
+        state = {**self.mode.state_dict(), **{key: part.state_dict() for key, part in self.parts.items()}}
         index = [b["block"] for b in state["blocks"]]
         meta = {**self.run_meta(), **self.mode.checkpoint_meta()}
         ctx = self.mode.ctx
         if ctx.world_size == 1:
             meta["blocks"] = [{"rank": 0, "block": b} for b in index]
-            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.mode.write_files)
+            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.mode.write_files, name=name)
             return
         every: list[list[dict]] = [None] * ctx.world_size  # type: ignore[list-item]
         dist.all_gather_object(every, index)
         meta["blocks"] = [{"rank": r, "block": b} for r, blocks in enumerate(every) for b in blocks]
-        save_checkpoint_collectively(self.run_dir, state, meta)
+        save_checkpoint_collectively(self.run_dir, state, meta, name=name)
 
     def load(self, checkpoint: Path) -> None:
         """Continue from ``checkpoint``, saved with this world size and layout or any other the
-        mode can reshard from."""
+        mode can reshard from (a part that an older checkpoint lacks keeps its state)."""
+        own, meta = self._load_mode(checkpoint)
+        for name, part in self.parts.items():
+            if name in own:
+                part.load_state_dict(own[name])
+        if self.mode.ctx.rank == 0:
+            print(f"distrec: resuming from step {meta['step']} of {checkpoint}{_resharding(meta, self.mode)}", file=sys.stderr)
+
+    def restore_model(self, checkpoint: Path) -> None:
+        """Put back the model and optimizers of ``checkpoint`` only (the other parts stay)."""
+        self._load_mode(checkpoint)
+
+    def _load_mode(self, checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         ctx = self.mode.ctx
         meta = read_meta(checkpoint)
         saved_world = int(meta.get("world_size", 1))
@@ -96,7 +108,4 @@ class Checkpointer:
                 "resume it with the config and process count it was saved with"
             )
         self.mode.load_state_dict(own, checkpoint, meta)
-        for name, part in self.parts.items():
-            part.load_state_dict(own[name])
-        if ctx.rank == 0:
-            print(f"distrec: resuming from step {meta['step']} of {checkpoint}{_resharding(meta, self.mode)}", file=sys.stderr)
+        return own, meta

@@ -53,14 +53,17 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_s
     return click_metrics(labels, probs)
 
 
-def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> tuple[RecommendationModel, RunConfig, list[TableConfig], dict[str, Any]]:
-    """The model saved in a run (or its ``checkpoint/`` folder) in one process, on ``device``.
+def load_trained_model(
+    checkpoint: Path, device: torch.device | None = None, best: bool = False
+) -> tuple[RecommendationModel, RunConfig, list[TableConfig], dict[str, Any]]:
+    """The model saved in a run (its last ``checkpoint/``, or its ``best/`` one when ``best``
+    and the run kept one) or in a checkpoint folder, in one process, on ``device``.
 
     A checkpoint of a distributed run is gathered from all its ranks' shards (for a run with
     local embeddings, rank 0's tables are taken). Returns (model, the run's config, its
-    tables as trained, the checkpoint's metadata).
+    tables as trained, the checkpoint's metadata, with ``checkpoint``: the folder read).
     """
-    ckpt = find_checkpoint(checkpoint)
+    ckpt = find_checkpoint(checkpoint, best=best)
     meta = read_meta(ckpt)
     cfg = config_mod.from_dict(meta["config"])
     device = device or default_device()
@@ -71,7 +74,7 @@ def load_trained_model(checkpoint: Path, device: torch.device | None = None) -> 
         towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
     model = build_model(cfg.model, meta["num_dense"], tables, device=device, towers=towers)
     restore_saved_model(model, ckpt, load_state(ckpt, 0, map_location=device), meta)
-    return model, cfg, tables, meta
+    return model, cfg, tables, {**meta, "checkpoint": str(ckpt)}
 
 
 def evaluate_checkpoint(
@@ -85,14 +88,15 @@ def evaluate_checkpoint(
     progress: bool = True,
     split: Literal["val", "test", "all"] = "val",
 ) -> dict[str, float | str]:
-    """Metrics of a saved model, hashed as in the saved run: on every row of ``data_path``, or,
-    without it, on the run's own data: its ``split`` (``val``, ``test``, split as the run split
-    it, or ``all`` rows).
+    """Metrics of a saved model (a run's best one if it kept one, else its last), hashed as in
+    the saved run: on every row of ``data_path``, or, without it, on the run's own data: its
+    ``split`` (``val``, ``test``, split as the run split it, or ``all`` rows).
 
-    The result's ``scored`` says which: ``all rows of PATH`` or ``the run's val split``.
+    The result's ``scored`` says which rows (``all rows of PATH``, ``the run's val split``) and
+    ``checkpoint`` which model.
     """
     device = default_device()
-    model, cfg, tables, meta = load_trained_model(checkpoint, device)
+    model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
     if data_path is not None:
         cfg.data.path = data_path
         cfg.data.format = data_format or cfg.data.format
@@ -112,4 +116,4 @@ def evaluate_checkpoint(
         rows, scored = np.arange(dataset.num_rows, dtype=np.int64), "all rows of the run's data"
     else:
         rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {data_path}"
-    return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored}
+    return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored, "checkpoint": meta["checkpoint"]}

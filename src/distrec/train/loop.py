@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from distrec import config as config_mod
-from distrec.config import RunConfig
+from distrec.config import MAX_EPOCHS, RunConfig, auto_batch_size, auto_eval_every
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.data.fingerprint import check_run_data, save_fingerprint
@@ -39,8 +40,9 @@ from distrec.parallel.comm import init_from_env
 from distrec.parallel.mode import RunContext, parallelize
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
-from distrec.train.checkpoint import find_checkpoint
+from distrec.train.checkpoint import BEST_DIR, find_checkpoint
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
+from distrec.train.early_stopping import BestModel
 from distrec.train.evaluate import default_device, predict
 from distrec.train.metrics import click_metrics
 from distrec.train.run import BREAKDOWN_FILE, CONFIG_FILE, METRICS_FILE, PLAN_FILE, SUMMARY_FILE, MetricsLog, peak_rss_per_rank, seed_everything, split_rows
@@ -88,8 +90,7 @@ class Trainer:
         self.splits = split_rows(self.dataset, cfg)
         self.tables: list[TableConfig] = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
-        self.steps_per_epoch = max(1, math.ceil(len(self.splits["train"]) / cfg.train.batch_size))
-        self.total_steps = cfg.train.max_steps if cfg.train.max_steps is not None else cfg.train.epochs * self.steps_per_epoch
+        self.steps_per_epoch, self.total_steps = self._resolve_length()
         ctx = RunContext(
             cfg, self.tables, self.dataset.num_dense, self.rank, self.world_size, self.device, self.out, self.total_steps, self.timer, self.show_progress
         )
@@ -99,9 +100,38 @@ class Trainer:
         parallel = parallelize(model, self.mode)
         self.module, self.model, self.step_fn = parallel.module, parallel.model, parallel.step
         self.progress = Progress()
-        self.checkpointer = Checkpointer(self.out, self.mode, {"progress": self.progress, "rng": RandomGenerators()}, self._run_meta)
+        self.best = BestModel(cfg.train.patience)
+        self.checkpointer = Checkpointer(self.out, self.mode, {"progress": self.progress, "rng": RandomGenerators(), "best": self.best}, self._run_meta)
         self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
         self._saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
+
+    def _resolve_length(self) -> tuple[int, int]:
+        """Steps per epoch and the most steps to train, after filling the unset batch size and
+        evaluation interval from the data (into ``cfg``, so the saved config resumes as is)."""
+        t, train_rows, val_rows = self.cfg.train, len(self.splits["train"]), len(self.splits.get("val", ()))
+        if t.batch_size is None:
+            t.batch_size = auto_batch_size(train_rows)
+            self._announce(f"batch size {t.batch_size} for {train_rows:,} training rows (--batch-size to choose)")
+        steps_per_epoch = max(1, math.ceil(train_rows / t.batch_size))
+        if t.max_steps is not None:
+            return steps_per_epoch, t.max_steps
+        if t.epochs is not None:
+            return steps_per_epoch, t.epochs * steps_per_epoch
+        if val_rows == 0:
+            t.epochs = 1
+            self._announce(f"no validation rows to stop on (split {self.cfg.data.split!r}): training 1 epoch; give --epochs or --max-steps")
+            return steps_per_epoch, steps_per_epoch
+        if t.eval_every == 0:
+            t.eval_every = auto_eval_every(steps_per_epoch)
+        self._announce(
+            f"training until the validation AUC stops improving for {t.patience} evaluations, one every {t.eval_every} steps "
+            f"(at most {MAX_EPOCHS} epochs; --epochs or --max-steps for a fixed length)"
+        )
+        return steps_per_epoch, MAX_EPOCHS * steps_per_epoch
+
+    def _announce(self, line: str) -> None:
+        if self.rank == 0:
+            print(f"distrec: {line}", file=sys.stderr)
 
     def close(self) -> None:
         """Release what outlives a step (the mode's worker threads and files)."""
@@ -182,21 +212,23 @@ class Trainer:
             self._saved_step = self.progress.step
         elif main:
             save_fingerprint(self.out, self.cfg.data)
-            print(f"distrec: writing the run to {self.out}", file=sys.stderr)  # a resume says where it starts instead
-        if resume and self.progress.step >= self.total_steps:
+            shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)  # the best model of a run this one replaces
+            self._announce(f"writing the run to {self.out}")  # a resume says where it starts instead
+        if resume and (self.progress.step >= self.total_steps or self._converged()):
             return self._nothing_to_do()
-        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None) if main else None
+        log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None, self.cfg.train.tensorboard) if main else None
         if main:
             config_mod.save(self.cfg, self.out / CONFIG_FILE)
             if self.mode.plan is not None:
                 self.mode.plan.save(self.out / PLAN_FILE)
         t = self.cfg.train
         start_step = self.progress.step
-        bar = tqdm(total=self.total_steps, initial=start_step, unit="step", disable=not self.show_progress, dynamic_ncols=True)
+        bar = tqdm(total=None if t.until_converged else self.total_steps, initial=start_step, unit="step", disable=not self.show_progress, dynamic_ncols=True)
         started = time.perf_counter()
         last_val: dict[str, float] = {}
+        evaluated_at: int | None = None
         train_rows = self.splits["train"]
-        while self.progress.step < self.total_steps:
+        while self.progress.step < self.total_steps and not self._converged():
             batches = self.dataset.batches(
                 train_rows,
                 t.batch_size,
@@ -219,15 +251,16 @@ class Trainer:
                 bar.update(1)
                 if t.log_every and self.progress.step % t.log_every == 0:
                     mean_loss = self._mean_over_ranks(loss)
-                    elapsed = time.perf_counter() - started
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{(self.progress.step - start_step) * t.batch_size / elapsed:,.0f}")
+                    samples_s = (self.progress.step - start_step) * t.batch_size / (time.perf_counter() - started)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{samples_s:,.0f}")
                     if log is not None:
-                        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": "train", "loss": mean_loss})
+                        log.write({"step": self.progress.step, "epoch": self.progress.epoch, "split": "train", "loss": mean_loss, **self.mode.training_extra()})
+                        log.timings(self.progress.step, samples_s, self.timer.steps[-t.log_every :])
                 if t.eval_every and self.progress.step % t.eval_every == 0 and self.progress.step < self.total_steps:
-                    last_val = self._evaluate_and_log(log)
+                    last_val, evaluated_at = self._evaluate_and_keep_best(log), self.progress.step
                 if t.checkpoint_every and self.progress.step % t.checkpoint_every == 0:
                     self._save()
-                if self.progress.step >= self.total_steps:
+                if self.progress.step >= self.total_steps or self._converged():
                     break
             else:
                 self.progress.epoch += 1
@@ -235,9 +268,15 @@ class Trainer:
         elapsed = time.perf_counter() - started
         bar.close()
         trained = self.progress.step - start_step
-        last_val = self._evaluate_and_log(log) or last_val
-        test = self._evaluate_and_log(log, "test")
+        if evaluated_at != self.progress.step:
+            last_val = self._evaluate_and_keep_best(log) or last_val
         self._save()
+        if self.best.step is not None and self.best.step != self.progress.step:
+            self.checkpointer.restore_model(self.out / BEST_DIR)  # report (and test) the best model
+            last_val = self.best.metrics
+        test = self._evaluate_and_log(log, "test")
+        if log is not None:
+            log.close()
         peak_rss = peak_rss_per_rank(self.distributed)
         if not main:
             return None
@@ -255,19 +294,45 @@ class Trainer:
             "peak_rss_bytes_per_rank": peak_rss,
             **{k: v for k, v in last_val.items() if k not in (*METRICS, "rows")},  # the mode's evaluation extras
             **self.mode.summary_extra(),
+            **self._stopping_summary(),
         }
         if test:
             summary["test"] = test
         atomic_write_json(self.out / SUMMARY_FILE, summary)
         return summary
 
+    def _evaluate_and_keep_best(self, log: MetricsLog | None) -> dict[str, float]:
+        """Evaluate on the validation split; in a run without a fixed length, a better AUC than
+        before is saved as ``best/``."""
+        result = self._evaluate_and_log(log)
+        if result and self.cfg.train.until_converged and self.best.update(result, self.progress.step):
+            self.checkpointer.save(BEST_DIR)
+        return result
+
+    def _converged(self) -> bool:
+        """Whether a run without a fixed length has gone ``patience`` evaluations without a better validation AUC."""
+        return self.cfg.train.until_converged and self.best.exhausted
+
+    def _stopping_summary(self) -> dict[str, Any]:
+        """Why training stopped, and, without a fixed length, which step's model the summary reports."""
+        if not self.cfg.train.until_converged:
+            return {"stopped": "reached --max-steps" if self.cfg.train.max_steps is not None else "reached --epochs"}
+        if self._converged():
+            why = f"no better validation AUC in {self.cfg.train.patience} evaluation{'s' if self.cfg.train.patience != 1 else ''}"
+        else:
+            why = f"reached {MAX_EPOCHS} epochs"
+        return {"best_step": self.best.step, "stopped": why}
+
     def _nothing_to_do(self) -> dict[str, Any] | None:
         """A resumed run that already trained its length: say so, write nothing; its summary."""
         if self.rank != 0:
             return None
-        logger.warning(
-            f"{self.out} already trained {self.progress.step} of {self.total_steps} steps: nothing to do; raise --max-steps or --epochs to train further"
+        done = (
+            f"stopped at step {self.progress.step}, {self._stopping_summary()['stopped']}"
+            if self._converged()
+            else f"already trained {self.progress.step} of {self.total_steps} steps"
         )
+        logger.warning(f"{self.out} {done}: nothing to do; raise --max-steps or --epochs to train further")
         summary = self.out / SUMMARY_FILE
         return json.loads(summary.read_text()) if summary.is_file() else None
 

@@ -18,19 +18,26 @@ from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
 from distrec.modes import check_mode
+from distrec.train.tensorboard import TensorBoardSink
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 BREAKDOWN_FILE = "breakdown.json"
 PLAN_FILE = "plan.json"
+TENSORBOARD_DIR = "tensorboard"  # event files of a --tensorboard run
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl; on resume, entries written after the checkpoint are dropped."""
+    """Append-only metrics.jsonl; on resume, entries written after the checkpoint are dropped.
 
-    def __init__(self, path: Path, keep_through_step: int | None) -> None:
+    With ``tensorboard``, every record is also written as TensorBoard scalars into the
+    ``TENSORBOARD_DIR`` beside ``path`` (``distrec.train.tensorboard``), with the same resume rule.
+    """
+
+    def __init__(self, path: Path, keep_through_step: int | None, tensorboard: bool = False) -> None:
         self.path = path
+        self.tensorboard = TensorBoardSink(path.parent / TENSORBOARD_DIR, keep_through_step) if tensorboard else None
         if keep_through_step is None:
             path.write_text("")
         elif path.exists():
@@ -40,6 +47,18 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.record(record)
+
+    def timings(self, step: int, samples_per_s: float, steps_ms: list[dict[str, float]]) -> None:
+        """Speed and time breakdown (``TensorBoardSink.timings``), to TensorBoard only: they differ
+        between identical runs, and a resumed run's metrics.jsonl equals an uninterrupted one's."""
+        if self.tensorboard is not None:
+            self.tensorboard.timings(step, samples_per_s, steps_ms)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def peak_rss_per_rank(distributed: bool) -> list[int]:
