@@ -31,7 +31,7 @@ def spawn_group(fn: Callable, world_size: int, device_type: str, args: tuple = (
     # The group's store listens here from before the processes start until they have all
     # exited: a port picked free and bound later by rank 0 can be taken in between (by another
     # group or any outgoing connection: seconds of process start-up under load).
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=dist.default_pg_timeout)
     mp.spawn(_run, args=(fn, world_size, device_type, store.port, threads, args), nprocs=world_size, join=True)
 
 
@@ -41,7 +41,7 @@ def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, 
     if device.type != "cpu":
         torch.accelerator.set_device_index(rank)
     torch.set_num_threads(threads)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dist.default_pg_timeout)  # as init_method's store waited
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, device, *args)
