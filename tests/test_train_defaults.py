@@ -41,7 +41,7 @@ def test_a_chosen_optimizer_or_lr_keeps_its_meaning(overrides, expected):
     assert (t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr) == expected
 
 
-@pytest.mark.parametrize("rows, batch", [(900, 32), (3_942, 32), (16_384, 64), (72_000, 256), (300_000, 1024), (45_000_000, 1024)])
+@pytest.mark.parametrize("rows, batch", [(900, 64), (3_942, 64), (32_768, 128), (72_000, 256), (300_000, 1024), (45_000_000, 1024)])
 def test_the_batch_size_grows_with_the_training_rows(rows, batch):
     assert config.auto_batch_size(rows) == batch
 
@@ -62,10 +62,10 @@ def test_without_a_length_training_stops_when_the_validation_auc_stops_improving
     run = tmp_path / "run"
     assert main(["train", *SMALL, "--patience", "2", "--out", str(run)]) == 0
     err = capsys.readouterr().err
-    assert "batch size 32 for 900 training rows" in err and "until the validation AUC stops improving for 2 evaluations, one every 8 steps" in err
+    assert "batch size 64 for 900 training rows" in err and "until the validation AUC stops improving for 2 evaluations, one every 4 steps" in err
     summary = json.loads((run / "summary.json").read_text())
     val = [r for r in records(run) if r["split"] == "val"]
-    assert [r["step"] for r in val] == list(range(8, summary["steps"] + 1, 8))
+    assert [r["step"] for r in val] == list(range(4, summary["steps"] + 1, 4))
     best = max(val, key=lambda r: r["auc"])
     assert summary["stopped"] == "no better validation AUC in 2 evaluations"
     assert summary["best_step"] == best["step"] == val[-3]["step"]  # then 2 evaluations without a better one

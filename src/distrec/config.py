@@ -163,9 +163,9 @@ def resolve_optimizers(t: TrainConfig) -> None:
 
 def auto_batch_size(train_rows: int) -> int:
     """The mini-batch when ``train.batch_size`` is unset: the largest power of two up to
-    ``train_rows / BATCHES_PER_EPOCH``, within [32, 1024] (1024 is the DLRM reference's)."""
+    ``train_rows / BATCHES_PER_EPOCH``, within [64, 1024] (1024 is the DLRM reference's)."""
     target = max(1, train_rows // BATCHES_PER_EPOCH)
-    return min(1024, max(32, 1 << (target.bit_length() - 1)))
+    return min(1024, max(64, 1 << (target.bit_length() - 1)))
 
 
 BATCHES_PER_EPOCH = 256

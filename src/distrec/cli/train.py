@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps in total")
     train.add_argument("--patience", type=int, metavar="N", help="without --epochs/--max-steps: stop after N evaluations without a better AUC (default 5)")
-    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples (default: from the training rows, 32 to 1024)")
+    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples (default: from the training rows, 64 to 1024)")
     train.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the optimizer's; sgd 0.1, adagrad 0.01, adam 0.001)")
     train.add_argument(
         "--optimizer",
