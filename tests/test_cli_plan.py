@@ -1,12 +1,15 @@
 """``distrec plan``, ``plan collect`` and ``plan train-cost-models`` from the command line."""
 
 import json
+import re
 
 import pytest
 import yaml
 
 from distrec.cli import main
-from distrec.parallel.plan import ShardingPlan
+from distrec.cli.plan import warn_worse_than_the_mean
+from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
+from distrec.planner.api import tables_per_rank
 from distrec.planner.store import COST_DATA_FILE, COST_MODELS_FILE
 from distrec.planner.table_file import load_table_specs
 from test_planner_cost_models import write_synthetic_costs
@@ -143,11 +146,66 @@ def test_collect_then_train_from_the_default_folder(tmp_path, capsys):
     )
     assert status == 0
     data = tmp_path / "cache" / "planner" / COST_DATA_FILE
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["cost_data"] == str(data)
+    printed = capsys.readouterr()
+    assert json.loads(printed.out.splitlines()[-1])["cost_data"] == str(data)
     kinds = [json.loads(line)["kind"] for line in data.read_text().splitlines()]
     assert kinds.count("compute") == 12 and kinds.count("comm") == 12
+    stages = printed.err.splitlines()  # one line as each kind of sample starts and one as it ends, even off a terminal
+    assert stages[0] == "distrec: compute samples (lookups on one device): measuring 12 of 12"
+    assert re.fullmatch(r"distrec: compute samples \(lookups on one device\): 12 measured in [0-9.]+ s", stages[1])
+    assert stages[2] == "distrec: all-to-all samples on 2 processes: measuring 12 of 12"
+    assert re.fullmatch(r"distrec: all-to-all samples on 2 processes: 12 measured in [0-9.]+ s", stages[3]) and len(stages) == 4
+    assert main(["plan", "collect", "--devices", "2", "--compute-samples", "12", "--comm-samples", "14", "--batch-size", "32", "--max-dim", "8"]) == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        f"distrec: compute samples (lookups on one device): all 12 already in {data}",
+        f"distrec: all-to-all samples on 2 processes: measuring 2 of 14 (12 already in {data})",
+    ]
     assert main(["plan", "train-cost-models", "--epochs", "2"]) == 0
     assert (tmp_path / "cache" / "planner" / COST_MODELS_FILE).is_file()
+    printed = capsys.readouterr()
+    r2 = {m[1]: float(m[2]) for m in re.finditer(r"^(\w+): test MSE .*\(R\^2 (-?[0-9.]+)", printed.out, re.M)}
+    assert set(r2) == {"compute", "fw_comm_2", "bw_comm_2"}
+    warned = set(re.findall(r"^distrec: warning: the (\w+) cost model has held-out R\^2", printed.err, re.M))
+    assert warned == {name for name, value in r2.items() if value < 0}  # two epochs: whichever models are worse than the mean
+
+
+def test_models_worse_than_the_mean_get_one_warning_line_each(capsys):
+    metrics = {"compute": {"test_r2": 0.93}, "fw_comm_4": {"test_r2": -0.52}, "bw_comm_4": {"test_r2": -0.004}}
+    warn_worse_than_the_mean(metrics, calibrated=False)
+    assert capsys.readouterr().err.splitlines() == [
+        f"distrec: warning: the {name} cost model has held-out R^2 {r2}, worse than predicting the mean; "
+        "collect more samples ('distrec plan collect' with a larger --comm-samples, or 'distrec plan calibrate') and train again"
+        for name, r2 in (("fw_comm_4", "-0.52"), ("bw_comm_4", "-0.00"))
+    ]
+    warn_worse_than_the_mean({"compute": {"test_r2": -1.5}}, calibrated=True)
+    assert capsys.readouterr().err == (
+        "distrec: warning: the compute cost model has held-out R^2 -1.50, worse than predicting the mean; calibrate again with a larger --budget-minutes\n"
+    )
+
+
+def test_the_plan_summary_lists_what_each_rank_holds(tables_file, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert plan_cli("--tables", tables_file, "--devices", 2, "--memory-per-device", "4MB", "--algorithm", "size-greedy", "-o", out) == 0
+    held = re.findall(r"^    holds (.*)$", capsys.readouterr().out, re.M)
+    plan = ShardingPlan.load(out)
+    assert [sorted(line.split(", ")) for line in held] == [sorted(p.table for p in plan.tables if p.shards[0].rank == r) for r in range(2)]
+
+
+def test_split_tables_are_listed_with_their_ranges():
+    plan = ShardingPlan(
+        3,
+        [
+            TablePlacement("user", "table_wise", [Shard(1, 0, 100, 0, 16)]),
+            TablePlacement("item", "column_wise", [Shard(0, 0, 50, 0, 8), Shard(2, 0, 50, 8, 16)]),
+            TablePlacement("history", "row_wise", [Shard(r, 40 * r, 40 * r + 40, 0, 4) for r in range(3)]),
+            TablePlacement("country", "data_parallel", [Shard(r, 0, 9, 0, 4) for r in range(3)]),
+        ],
+    )
+    assert tables_per_rank(plan) == [
+        ["item cols 0:8", "history rows 0:40", "country (replica)"],
+        ["user", "history rows 40:80", "country (replica)"],
+        ["item cols 8:16", "history rows 80:120", "country (replica)"],
+    ]
 
 
 def user_error(capsys, *args) -> str:

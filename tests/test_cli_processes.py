@@ -1,8 +1,10 @@
 """The command line's process behaviour: an earlier run is never overwritten silently, a
 worker's error reaches the user once, Ctrl-C and SIGTERM end a run with one line and an
-intact checkpoint, and bad process options are one line."""
+intact checkpoint, bad process options are one line, and a run says in one line each where
+it writes, that it reshards, and why it restarts."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,9 +15,10 @@ import pytest
 import torch
 
 from distrec.cli import main
+from distrec.cli.failures import LAUNCHER_LOGGER, announcing_restarts
 from distrec.train.checkpoint import find_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
-from test_cli import assert_one_line_error
+from test_cli import ANNOUNCED_RUN, assert_one_line_error
 
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50", "--batch-size", "64", "--no-progress"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -103,8 +106,9 @@ def test_ctrl_c_on_a_two_process_run_is_one_line(tmp_path):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     lines = stderr_lines(stderr)
-    assert len(lines) == 1 and lines[0].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
-    assert f"continue with 'distrec train --resume {out}'" in lines[0]
+    assert len(lines) == 2 and lines[0] == f"{ANNOUNCED_RUN}{out}", stderr  # from rank 0 only
+    assert lines[1].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
+    assert f"continue with 'distrec train --resume {out}'" in lines[1]
 
 
 def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
@@ -115,9 +119,49 @@ def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
     assert proc.returncode == 143
     step = read_meta(find_checkpoint(out))["step"]
     assert stderr_lines(stderr) == [
-        f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+        f"{ANNOUNCED_RUN}{out}",
+        f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'",
     ]
     load_trained_model(out, torch.device("cpu"))  # loads: checksums match
     resumed = distrec("train", "--resume", out, "--max-steps", step + 2, "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout.splitlines()[-1])["steps"] == step + 2
+
+
+def test_a_run_says_where_it_writes_and_one_process_what_it_ignores(tmp_path):
+    default = distrec("train", *TINY, "--max-steps", 2, "--sharding", "column_wise", cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    (run,) = (tmp_path / "runs").iterdir()  # runs/<date-time>, picked by the command
+    assert (run / "summary.json").is_file()
+    assert stderr_lines(default.stderr) == [
+        "ignored in one process: --sharding (multi-process settings); add --nproc-per-node N to use them",
+        f"{ANNOUNCED_RUN}{run.relative_to(tmp_path)}",
+    ]
+
+
+def test_a_resharded_resume_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--max-steps", "3", "--out", str(run)]) == 0
+    resumed = distrec("train", "--resume", run, "--max-steps", 4, "--nproc-per-node", 2, "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert stderr_lines(resumed.stderr) == [
+        f"distrec: resuming from step 3 of {run / 'checkpoint'}, resharded from 1 process, single to 2 processes, sharded table_wise"
+    ]
+
+
+def test_each_restart_of_the_workers_is_one_line_naming_the_failure(tmp_path, capsys):
+    """torch's launcher logs every failed attempt; the ones it restarts after become one line
+    of ours (the last is reported when it gives up, as without restarts)."""
+    (tmp_path / "attempt0001-rank0").write_text("5\ndistrec: error: the loss became nan; lower the learning rate")
+    launcher = logging.getLogger(LAUNCHER_LOGGER)
+    failed = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+    with announcing_restarts(2, tmp_path, lambda: "from step 200"):
+        launcher.error(failed, -9, 1, 4242, sys.executable)  # attempt 0: killed, reported nothing
+        launcher.error(failed, 1, 0, 4243, sys.executable)  # attempt 1: reported its error
+        launcher.error(failed, 1, 1, 4244, sys.executable)  # attempt 2: the launcher gives up
+    launcher.info("not ours")
+    assert capsys.readouterr().err.splitlines() == [
+        "distrec: rank 1 died (SIGKILL); restarting from step 200 (restart 1 of 2)",
+        "distrec: rank 0 failed: the loss became nan; lower the learning rate; restarting from step 200 (restart 2 of 2)",
+    ]
+    assert not launcher.filters

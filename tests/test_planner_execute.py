@@ -1,12 +1,17 @@
 """Executing plans on two gloo processes: every device reports compute and all-to-all times."""
 
+import socket
+
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from distrec.planner import execute
+from distrec.parallel import comm
+from distrec.planner import execute, launch
 from distrec.planner.api import plan_tables
 from distrec.planner.execute import COST_PARTS, compute_in_rounds, execute_plans, task_groups
+from distrec.planner.launch import spawn_group
 from distrec.planner.types import TableSpec
 
 HIST = (0.6, 0.3, 0.1) + (0.0,) * 14
@@ -44,3 +49,35 @@ def test_compute_in_rounds_runs_the_plans_in_turn_and_keeps_each_minimum(monkeyp
         dist.destroy_process_group()
     assert calls == [0, 1] * 4
     assert best == [4.0, 5.0]
+
+
+def _sum_of_ranks(rank, world, device, results) -> None:
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    if rank == 0:
+        results.put(int(total))
+
+
+def test_a_port_taken_while_the_processes_start_cannot_break_the_group(monkeypatch):
+    """The group's port is held from before the processes start: a port picked free and bound
+    by rank 0 seconds later (process start-up under load) could be taken in between by another
+    job, and the group failed to start."""
+    taken, free_port = [], comm.free_port
+
+    def free_then_taken() -> int:
+        port = free_port()
+        other = socket.socket()
+        other.bind(("127.0.0.1", port))
+        other.listen()  # another job's listener got there first
+        taken.append(other)
+        return port
+
+    monkeypatch.setattr(comm, "free_port", free_then_taken)
+    monkeypatch.setattr(launch, "free_port", free_then_taken, raising=False)
+    results = mp.get_context("spawn").SimpleQueue()
+    try:
+        spawn_group(_sum_of_ranks, 2, "cpu", (results,))
+    finally:
+        for other in taken:
+            other.close()
+    assert results.get() == 1

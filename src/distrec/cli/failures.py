@@ -2,24 +2,28 @@
 
 A worker of ``distrec train --nproc-per-node`` does not print its error: it writes it to a
 file in the directory named by ``WORKER_ERRORS_ENV``, and the launcher prints the first
-one (the root cause; the other ranks fail after it, losing their peer). SIGTERM and SIGINT
-end a command as ``Interrupted`` (checkpoints are atomic, so the last one stays intact).
+one (the root cause; the other ranks fail after it, losing their peer). A failure the
+launcher restarts the workers after (``--max-restarts``) is one line too, in place of torch's
+log of it. SIGTERM and SIGINT end a command as ``Interrupted`` (checkpoints are atomic, so
+the last one stays intact).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from distrec.io import atomic_write_text
 
 WORKER_ERRORS_ENV = "DISTREC_WORKER_ERRORS"
+LAUNCHER_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # logs each failed attempt of the workers
 INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as shells report it
 
 
@@ -75,11 +79,57 @@ def report_interrupted(e: KeyboardInterrupt) -> int:
     return INTERRUPTED_STATUS.get(signum, 128 + int(signum))
 
 
-def first_worker_failure(directory: Path) -> str | None:
-    """The earliest failure the workers of the last attempt reported into ``directory``."""
+def first_worker_failure(directory: Path, attempt: int | None = None) -> str | None:
+    """The earliest failure the workers of ``attempt`` (default the last one) reported into ``directory``."""
     files = sorted(Path(directory).glob("attempt*-rank*"))
     if not files:
         return None
-    last = files[-1].name.split("-")[0]
-    reports = [f.read_text().split("\n", 1) for f in files if f.name.startswith(last + "-")]
-    return min(reports, key=lambda r: int(r[0]))[1]
+    prefix = files[-1].name.split("-")[0] if attempt is None else f"attempt{attempt:04d}"
+    reports = [f.read_text().split("\n", 1) for f in files if f.name.startswith(prefix + "-")]
+    return min(reports, key=lambda r: int(r[0]))[1] if reports else None
+
+
+def worker_failure(rank: int, exitcode: int, directory: Path, attempt: int) -> str:
+    """What ended worker ``rank`` in ``attempt``, in a few words: the signal that killed it, or
+    the error it reported (its last line for a traceback), or its exit code."""
+    if exitcode < 0:
+        return f"rank {rank} died ({signal.Signals(-exitcode).name})"
+    reported = first_worker_failure(directory, attempt)
+    if reported is None:
+        return f"rank {rank} exited with code {exitcode}"
+    return f"rank {rank} failed: {reported.strip().splitlines()[-1].removeprefix('distrec: error: ')}"
+
+
+class _RestartAnnouncer(logging.Filter):
+    """Drops torch's log line of each failed attempt; prints one line of ours for the attempts
+    the launcher restarts after (the last failure is reported when the launcher gives up)."""
+
+    def __init__(self, max_restarts: int, directory: Path, resume_point: Callable[[], str]) -> None:
+        super().__init__()
+        self.max_restarts, self.directory, self.resume_point = max_restarts, directory, resume_point
+        self.failures = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("failed (exitcode: ") or len(record.args or ()) < 2:
+            return True
+        exitcode, rank = int(record.args[0]), int(record.args[1])  # type: ignore[index]
+        self.failures += 1
+        if self.failures <= self.max_restarts:
+            what = worker_failure(rank, exitcode, self.directory, self.failures - 1)
+            print(f"distrec: {what}; restarting {self.resume_point()} (restart {self.failures} of {self.max_restarts})", file=sys.stderr, flush=True)
+        return False
+
+
+@contextmanager
+def announcing_restarts(max_restarts: int, directory: Path, resume_point: Callable[[], str]) -> Iterator[None]:
+    """Inside the block each failed attempt of the elastic launcher's workers that is restarted
+    is one line on stderr, e.g. ``distrec: rank 1 died (SIGKILL); restarting from step 200
+    (restart 1 of 3)``; ``resume_point`` says where the next attempt starts. The workers'
+    own reports are read from ``directory`` (see ``report``)."""
+    logger = logging.getLogger(LAUNCHER_LOGGER)
+    announcer = _RestartAnnouncer(max_restarts, directory, resume_point)
+    logger.addFilter(announcer)
+    try:
+        yield
+    finally:
+        logger.removeFilter(announcer)

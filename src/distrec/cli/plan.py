@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args
 
@@ -177,6 +178,7 @@ def run_collect(args: argparse.Namespace, argv: list[str]) -> int:
             max_dim=args.max_dim,
             device=args.device,
             progress=not args.no_progress,
+            log=_to_stderr,
         )
     print(json.dumps({"cost_data": str(out), "devices": args.devices, "compute_samples": args.compute_samples, "comm_samples": args.comm_samples}))
     return 0
@@ -189,6 +191,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     data = args.cost_data or [planner_dir(args.out) / COST_DATA_FILE]
     out = cost_models_path(args.out)
     models = train_cost_models(data, out, seed=args.seed, epochs=args.epochs, compute_head=args.compute_head)
+    warn_worse_than_the_mean(models.metrics, calibrated=False)
     print(json.dumps({"cost_models": str(out), "hardware": models.hardware, "test_mse": {k: m["test_mse"] for k, m in models.metrics.items()}}))
     return 0
 
@@ -215,6 +218,7 @@ def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         progress=not args.no_progress,
         log=lambda line: print(line, flush=True),
     )
+    warn_worse_than_the_mean(models.metrics, calibrated=True)
     summary = {
         "cost_models": str(out / COST_MODELS_FILE),
         "compute_samples": counts.compute,
@@ -224,3 +228,22 @@ def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(f"distrec: {line}", file=sys.stderr, flush=True)
+
+
+def warn_worse_than_the_mean(metrics: dict[str, dict], calibrated: bool) -> None:
+    """One warning line on stderr per cost model whose held-out R^2 is negative (it predicts
+    worse than the mean of its test targets), saying how to get more samples: a longer
+    calibration, or a larger sample count of ``plan collect``."""
+    for name, m in metrics.items():
+        if m["test_r2"] >= 0:
+            continue
+        if calibrated:
+            fix = "calibrate again with a larger --budget-minutes"
+        else:
+            flag = "--compute-samples" if name == "compute" else "--comm-samples"
+            fix = f"collect more samples ('distrec plan collect' with a larger {flag}, or 'distrec plan calibrate') and train again"
+        _to_stderr(f"warning: the {name} cost model has held-out R^2 {m['test_r2']:.2f}, worse than predicting the mean; {fix}")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
-from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, first_worker_failure
+from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure
 from distrec.errors import DistrecError
 
 EXAMPLES = """
@@ -125,7 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _quiet_launcher(announce_failures: bool) -> Iterator[None]:
     """Few log lines in this process during the block: torch's elastic launcher logs each
     signal and failed worker, repeating what the workers and this command report. With
-    ``announce_failures`` its error lines stay (they announce the failures it restarts after)."""
+    ``announce_failures`` its error lines stay (``announcing_restarts`` turns the one about each
+    failed attempt into a line of ours)."""
     before = logging.root.manager.disable
     logging.disable(logging.WARNING if announce_failures else logging.ERROR)
     try:
@@ -165,7 +166,11 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
         worker_argv.append("--overwrite")  # checked here; rank 0's files must not stop the others
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc_per_node)))
     launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
-    with tempfile.TemporaryDirectory(prefix="distrec-worker-errors-") as errors, _quiet_launcher(announce_failures=args.max_restarts > 0):
+    with (
+        tempfile.TemporaryDirectory(prefix="distrec-worker-errors-") as errors,
+        _quiet_launcher(announce_failures=args.max_restarts > 0),
+        announcing_restarts(args.max_restarts, Path(errors), lambda: _restart_point(out)),
+    ):
         os.environ[WORKER_ERRORS_ENV] = errors
         try:
             torchrun.main(launcher + ["-m", "distrec", *worker_argv])
@@ -299,6 +304,18 @@ def _what_was_kept(out: Path) -> str:
     except DistrecError:
         return f"the checkpoint in {str(out)!r} is unreadable"
     return f"the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+
+
+def _restart_point(out: Path) -> str:
+    """Where restarted workers continue: the step of the run's last checkpoint, or the start."""
+    from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+
+    if not has_checkpoint(out):
+        return "from the start (no checkpoint yet)"
+    try:
+        return f"from step {read_meta(find_checkpoint(out))['step']}"
+    except DistrecError:
+        return "from the last checkpoint"
 
 
 def _restart_count() -> int:

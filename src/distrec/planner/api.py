@@ -27,16 +27,35 @@ def parse_constraints(pins: list[str] | None = None, no_split: list[str] | None 
     return PlanConstraints(parsed, frozenset(no_split or []))
 
 
+def tables_per_rank(plan: ShardingPlan) -> list[list[str]]:
+    """Per rank, what it holds: table names, with the shard's range for split tables
+    (``t3 cols 0:16``, ``t7 rows 0:5000``) and ``(replica)`` for data-parallel copies."""
+    held: list[list[str]] = [[] for _ in range(plan.world_size)]
+    for p in plan.tables:
+        for s in p.shards:
+            if p.sharding == "column_wise":
+                label = f"{p.table} cols {s.col_start}:{s.col_end}"
+            elif p.sharding == "row_wise":
+                label = f"{p.table} rows {s.row_start}:{s.row_end}"
+            else:
+                label = p.table + (" (replica)" if p.sharding == "data_parallel" else "")
+            held[s.rank].append(label)
+    return held
+
+
 def format_report(report: dict) -> str:
-    """The lines ``distrec plan`` prints: per-device bytes and predicted costs, search time, cache."""
+    """The lines ``distrec plan`` prints: per-device bytes, tables and predicted costs, search time, cache."""
     lines = [f"{report['algorithm']} plan for {report['devices']} devices, search {report['search_time_s']:.2f} s"]
     predicted = report.get("predicted_ms")
+    held = report.get("tables_per_device")
     for rank, used in enumerate(report["bytes_per_device"]):
         line = f"  rank {rank}: {used / 2**20:8.1f} MiB"
         if predicted:
             parts = ", ".join(f"{k} {predicted[k][rank]:.2f}" for k in ("compute", "fw_comm", "bw_comm"))
             line += f"  predicted {predicted['total'][rank]:.2f} ms ({parts})"
         lines.append(line)
+        if held is not None:
+            lines.append(f"    holds {', '.join(held[rank]) or 'nothing'}")
     if predicted:
         lines.append(f"  predicted cost (max over devices): {report['predicted_max_ms']:.2f} ms")
     if "cache_hit_rate" in report:
@@ -75,7 +94,7 @@ def plan_tables(
 
     Returns:
         (plan, report): the validated ShardingPlan, and a JSON-ready dict with the algorithm,
-        the search time (s), bytes per device, predicted per-device costs (ms) and, for
+        the search time (s), bytes and tables per device (``tables_per_rank``), predicted per-device costs (ms) and, for
         neuroshard, the cache hit rate and the chunk sets evaluated.
 
     Example:
@@ -112,6 +131,7 @@ def plan_tables(
     report["search_time_s"] = time.perf_counter() - start
     plan.validate([t.to_config() for t in tables], memory_per_device)
     report["bytes_per_device"] = plan.bytes_per_rank()
+    report["tables_per_device"] = tables_per_rank(plan)
     if cost_models is not None:
         costs = cost_models.predictor(devices).placement_costs(device_tables(plan, tables))
         report["predicted_ms"] = {k: v.tolist() for k, v in costs.items()}

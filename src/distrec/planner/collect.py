@@ -19,7 +19,8 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,7 @@ def run_collect(
     repeats: int = 5,
     device: str | torch.device | None = None,
     progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Measure compute and comm samples and append them to ``out_path`` (JSON lines).
 
@@ -177,6 +179,7 @@ def run_collect(
         warmup, repeats: runs discarded, and runs timed (compute: their minimum; comm: their median).
         device: device type for the benchmarks; defaults to the accelerator, else the CPU.
         progress: show tqdm progress bars (only on a terminal).
+        log: gets one line as each kind of sample starts and ends (what, how many, how long).
 
     Returns:
         The output path.
@@ -191,17 +194,36 @@ def run_collect(
     _append(out, {"kind": "hardware", **hardware_description(dev, [devices])})
     show = progress and sys.stderr.isatty()
     pool = make_table_pool(pool_seed, row_scale=row_scale)
+    say = log or (lambda line: None)
     wanted = sample_ids(compute_samples)
     todo = [i for i in wanted if f"compute-{i}" not in done]
-    if todo:
-        keep_freed_memory()  # time the lookups, not the allocator (see distrec.allocator)
-        _collect_compute(out, pool, todo, len(wanted), batch_size, seed, max_tables, max_dim, warmup, repeats, dev, show)
+    with _stage(say, "compute samples (lookups on one device)", len(todo), len(wanted), out):
+        if todo:
+            keep_freed_memory()  # time the lookups, not the allocator (see distrec.allocator)
+            _collect_compute(out, pool, todo, len(wanted), batch_size, seed, max_tables, max_dim, warmup, repeats, dev, show)
     wanted = sample_ids(comm_samples)
     todo = [i for i in wanted if f"comm{devices}-{i}" not in done]
-    if todo:
-        args = (str(out), todo, len(wanted), batch_size, seed, max_dim, max_delay_ms, warmup, repeats, show)
-        spawn_group(_comm_worker, devices, dev.type, args)
+    with _stage(say, f"all-to-all samples on {devices} processes", len(todo), len(wanted), out):
+        if todo:
+            args = (str(out), todo, len(wanted), batch_size, seed, max_dim, max_delay_ms, warmup, repeats, show)
+            spawn_group(_comm_worker, devices, dev.type, args)
     return out
+
+
+@contextmanager
+def _stage(log: Callable[[str], None], what: str, todo: int, wanted: int, out: Path) -> Iterator[None]:
+    """Tell ``log`` what a stage measures before it starts and how long it took after it ends."""
+    if not wanted:
+        yield
+        return
+    if not todo:
+        log(f"{what}: all {wanted} already in {out}")
+        yield
+        return
+    log(f"{what}: measuring {todo} of {wanted}" + (f" ({wanted - todo} already in {out})" if todo < wanted else ""))
+    start = time.perf_counter()
+    yield
+    log(f"{what}: {todo} measured in {time.perf_counter() - start:.1f} s")
 
 
 def _collect_compute(out, pool, todo, total, batch_size, seed, max_tables, max_dim, warmup, repeats, device, show) -> None:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distrec.allocator import keep_freed_memory
-from distrec.parallel.comm import backend_for, free_port
+from distrec.parallel.comm import backend_for
 from distrec.planner.workload import THREADS_PER_DEVICE
 
 
@@ -22,13 +22,17 @@ def rank_device(device_type: str, rank: int) -> torch.device:
 def spawn_group(fn: Callable, world_size: int, device_type: str, args: tuple = (), threads: int = THREADS_PER_DEVICE) -> None:
     """Call ``fn(rank, world_size, device, *args)`` in ``world_size`` spawned processes.
 
-    The processes join a process group on a free loopback port (NCCL for CUDA, gloo
-    otherwise) and use ``threads`` intra-op threads each. ``fn`` must be importable (a
+    The processes join a process group (NCCL for CUDA, gloo otherwise) through a store this
+    process serves on a loopback port, and use ``threads`` intra-op threads each. ``fn`` must be importable (a
     module-level function); results travel back through a queue passed in ``args``. The
     processes keep freed memory for reuse (``distrec.allocator``), so that what they time
     is the work, not the allocator.
     """
-    mp.spawn(_run, args=(fn, world_size, device_type, free_port(), threads, args), nprocs=world_size, join=True)
+    # The group's store listens here from before the processes start until they have all
+    # exited: a port picked free and bound later by rank 0 can be taken in between (by another
+    # group or any outgoing connection: seconds of process start-up under load).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=dist.default_pg_timeout)
+    mp.spawn(_run, args=(fn, world_size, device_type, store.port, threads, args), nprocs=world_size, join=True)
 
 
 def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, threads: int, args: tuple) -> None:
@@ -37,7 +41,8 @@ def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, 
     if device.type != "cpu":
         torch.accelerator.set_device_index(rank)
     torch.set_num_threads(threads)
-    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dist.default_pg_timeout)  # as init_method's store waited
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, device, *args)
         dist.barrier()  # no rank tears its connections down while a peer still uses them

@@ -213,6 +213,7 @@ class Trainer:
         elif main:
             save_fingerprint(self.out, self.cfg.data)
             shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)  # the best model of a run this one replaces
+            self._announce(f"writing the run to {self.out}")  # a resume says where it starts instead
         if resume and (self.progress.step >= self.total_steps or self._converged()):
             return self._nothing_to_do()
         log = MetricsLog(self.out / METRICS_FILE, self.progress.step if resume else None, self.cfg.train.tensorboard) if main else None
