@@ -206,7 +206,7 @@ def _check_out(out: Path) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data.fingerprint import check_run_data, resolve_paths
-    from distrec.parallel.comm import init_from_env, naming_silent_ranks
+    from distrec.parallel.comm import init_from_env, leave_process_group, naming_silent_ranks
     from distrec.train.evaluate import default_device
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
@@ -268,6 +268,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         with trusting(args), naming_silent_ranks(timeout):
             init_from_env(default_device(), timeout)  # the trainer joins this group
             summary = train(cfg, out, resume=bool(args.resume) or _restarted_with_checkpoint(out), progress=not args.no_progress)
+            leave_process_group()
     except KeyboardInterrupt as e:
         raise Interrupted(getattr(e, "signum", signal.SIGINT), _what_was_kept(out)) from None
     if summary is not None:

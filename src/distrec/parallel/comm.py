@@ -96,6 +96,18 @@ def init_from_env(device: torch.device, timeout_seconds: float = DEFAULT_TIMEOUT
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave_process_group() -> None:
+    """After a run that succeeded on every rank: wait for all of them, then destroy the group.
+
+    A process that exits with its gloo group alive can abort (``terminate called without an
+    active exception``) while its worker threads are torn down at interpreter exit (PyTorch
+    issue 190489). Not for a failing run: a rank that already died would never reach the barrier.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _timed_out(error: BaseException) -> bool:
     """Whether ``error`` is a collective that gave up waiting for a peer (gloo's wording)."""
     return isinstance(error, RuntimeError) and re.search(r"[Tt]imed out|[Tt]imeout", str(error)) is not None
