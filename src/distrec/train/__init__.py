@@ -9,4 +9,6 @@
   -> ``rng``
 - per-iteration time breakdown (the hybrid-parallel paper's figure) -> ``breakdown``
 - metrics and scoring saved models -> ``metrics``, ``evaluate``; the run directory -> ``run``
+- the best validation AUC so far and when to stop for lack of progress -> ``early_stopping``;
+  TensorBoard event files -> ``tensorboard``
 """
