@@ -18,24 +18,9 @@ from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
+from tiny_runs import tiny_cli_flags
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "data.synthetic.rows=600",
-    "--set",
-    "data.synthetic.table_rows=50",
-    "--set",
-    "train.threads=1",
-    "--batch-size",
-    "64",
-    "--seed",
-    "5",
-    "--optimizer",
-    "adagrad",
-    "--no-progress",
-]
+TINY = tiny_cli_flags(600, "--batch-size", "64", "--seed", "5", "--optimizer", "adagrad")
 
 # Runs `distrec ARGV` in a fresh process whose torch.save writes part of a file and then
 # kills the process on the spot (no clean-up handlers run, as with SIGKILL or a power cut).

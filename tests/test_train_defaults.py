@@ -8,9 +8,10 @@ import pytest
 from distrec import config
 from distrec.cli import main
 from distrec.train.early_stopping import BestModel
+from tiny_runs import tiny_cli_flags
 
 # the tiny preset on 1,000 synthetic rows (900 for training), nothing else chosen
-SMALL = ["--preset", "tiny", "--set", "data.synthetic.rows=1000", "--set", "data.synthetic.table_rows=50", "--set", "train.threads=1", "--no-progress"]
+SMALL = tiny_cli_flags(1000)
 
 
 @pytest.fixture(autouse=True)

@@ -9,27 +9,10 @@ import torch
 from distrec.cli import main
 from distrec.train.evaluate import load_trained_model
 from test_cli import ANNOUNCED_RUN
+from tiny_runs import tiny_cli_flags
 
 # 600 synthetic rows (540 train = 9 batches of 64 per epoch), small tables, one thread
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "data.synthetic.rows=600",
-    "--set",
-    "data.synthetic.table_rows=50",
-    "--set",
-    "train.threads=1",
-    "--batch-size",
-    "64",
-    "--seed",
-    "3",
-    "--optimizer",
-    "sgd",
-    "--eval-every",
-    "4",
-    "--no-progress",
-]
+TINY = tiny_cli_flags(600, "--batch-size", "64", "--seed", "3", "--optimizer", "sgd", "--eval-every", "4")
 
 
 @pytest.fixture(autouse=True)

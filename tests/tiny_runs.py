@@ -24,6 +24,23 @@ TINY_DATA = [
 ]
 
 
+def tiny_cli_flags(rows: int, *more: str) -> list[str]:
+    """``distrec train`` flags: the tiny preset on ``rows`` synthetic rows with tables of 50
+    rows, one thread, no progress bar, then ``more``."""
+    return [
+        "--preset",
+        "tiny",
+        "--set",
+        f"data.synthetic.rows={rows}",
+        "--set",
+        "data.synthetic.table_rows=50",
+        "--set",
+        "train.threads=1",
+        "--no-progress",
+        *more,
+    ]
+
+
 def tiny_config(cache: Path, steps: int, overrides: tuple[str, ...] = (), **parallel: object) -> config.RunConfig:
     """The tiny preset on TINY_DATA, cached in ``cache``, logging the loss every step, with
     further ``--set`` items ``overrides``."""

@@ -161,15 +161,15 @@ def resolve_optimizers(t: TrainConfig) -> None:
         t.lr = DEFAULT_LR[t.optimizer]
 
 
+BATCHES_PER_EPOCH = 256
+"""What ``auto_batch_size`` aims at: small data gets more, smaller steps per epoch."""
+
+
 def auto_batch_size(train_rows: int) -> int:
     """The mini-batch when ``train.batch_size`` is unset: the largest power of two up to
     ``train_rows / BATCHES_PER_EPOCH``, within [64, 1024] (1024 is the DLRM reference's)."""
     target = max(1, train_rows // BATCHES_PER_EPOCH)
     return min(1024, max(64, 1 << (target.bit_length() - 1)))
-
-
-BATCHES_PER_EPOCH = 256
-"""What ``auto_batch_size`` aims at: small data gets more, smaller steps per epoch."""
 
 
 def auto_eval_every(steps_per_epoch: int) -> int:
