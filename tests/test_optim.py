@@ -199,3 +199,21 @@ def test_make_optimizers_rejects_unknown_names():
         make_optimizers(tiny_model(), "rmsprop", 0.1)
     with pytest.raises(DistrecError, match="train.embedding_optimizer"):
         make_optimizers(tiny_model(), "sgd", 0.1, embedding_name="lamb")
+
+
+@pytest.mark.parametrize("optimizer_cls", [SparseSGD, RowWiseAdagrad])
+@pytest.mark.parametrize("coalesce", [False, True], ids=["repeated-rows", "distinct-rows"])
+def test_one_pass_cpu_update_equals_the_torch_operators(optimizer_cls, coalesce):
+    """float32 CPU weights take distrec.kernels.row_updates; float64 the torch operators (the reference)."""
+    assert optim.fused_update(nn.Parameter(start_weight().float())) and not optim.fused_update(nn.Parameter(start_weight()))
+    grads = [sparse_grad(rows, seed) for seed, rows in enumerate(STEPS)]
+    grads = [g.coalesce() if coalesce else g for g in grads]
+    reference, reference_opt = run(optimizer_cls, grads, lr=0.3)
+    param = nn.Parameter(start_weight().float())
+    opt = optimizer_cls([param], lr=0.3)
+    for grad in grads:
+        param.grad = grad.float()
+        opt.step()
+    torch.testing.assert_close(param.detach(), reference.detach().float())
+    for key, value in reference_opt.state[reference].items():
+        torch.testing.assert_close(opt.state[param][key], value.float())

@@ -103,6 +103,28 @@ def feature_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torc
     return bags_of_rows(rows, offsets)
 
 
+def group_by_row(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group entries by row: entry k belongs to row ``rows[k]`` (in [0, num_rows)).
+
+    Returns:
+        The distinct rows, sorted, int64 [U]; int64 [U + 1] bounds of each row's range of
+        the third result; int64 [nnz] entries in row order (the entries of distinct row u
+        are ``order[bounds[u]:bounds[u + 1]]``, in increasing order).
+
+    Example:
+        >>> group_by_row(torch.tensor([5, 2, 5]), num_rows=6)
+        (tensor([2, 5]), tensor([0, 1, 3]), tensor([1, 0, 2]))
+    """
+    # 32-bit keys sort about twice as fast as 64-bit ones on CPU; the sort is stable, so each
+    # row's entries stay in order
+    keys = rows.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else rows
+    sorted_keys, order = torch.sort(keys, stable=True)
+    unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+    bounds = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=bounds[1:])
+    return unique.long(), bounds, order
+
+
 def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_of_entry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group entries by row and sum their vectors: the coalescing of a sparse row gradient.
 
@@ -116,16 +138,11 @@ def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_o
         >>> sum_by_row(torch.tensor([5, 2, 5]), torch.tensor([[1.0], [2.0], [4.0]]), num_rows=6)
         (tensor([2, 5]), tensor([[2.], [5.]]))
     """
-    # 32-bit keys sort about twice as fast as 64-bit ones on CPU
-    keys = rows.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else rows
-    sorted_keys, order = torch.sort(keys)
-    unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    bounds = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=bounds[1:])
+    unique, bounds, order = group_by_row(rows, num_rows)
     picks = order if source_of_entry is None else source_of_entry[order]
     # a sum over each row's entries is a sum pooling of bags: embedding_bag's kernel does it
     # about 2x faster on CPU than Tensor.coalesce() or unique + index_add_
-    return unique.long(), F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
+    return unique, F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
 
 
 class _SumPooling(torch.autograd.Function):

@@ -16,9 +16,10 @@ from torch import nn
 from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
+from distrec.kernels.row_updates import identity_grouping, rowwise_adagrad_rows, sgd_rows
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
-from distrec.models.embedding import sum_by_row
+from distrec.models.embedding import group_by_row, sum_by_row
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
 
@@ -54,6 +55,21 @@ def coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct rows of a sparse row gradient, sorted, and the summed gradient of each: [U], [U, D]."""
     rows, values = gradient_rows(grad)
     return (rows, values) if has_distinct_rows(grad) else sum_by_row(rows, values, grad.shape[0])
+
+
+def row_grouping(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct rows of a sparse row gradient [U], sorted, with the bounds [U + 1] of each
+    row's range of entries and the entries [nnz] in row order (``group_by_row``)."""
+    rows = gradient_rows(grad)[0]
+    if has_distinct_rows(grad):
+        return (rows, *identity_grouping(rows))
+    return group_by_row(rows, grad.shape[0])
+
+
+def fused_update(param: torch.Tensor) -> bool:
+    """Whether ``param``'s rows are updated by the one-pass kernels (``distrec.kernels.row_updates``):
+    float32 weights on the CPU; other devices and types take the torch operators."""
+    return param.device.type == "cpu" and param.dtype == torch.float32
 
 
 def row_blocks(rows: torch.Tensor, values: torch.Tensor, size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -124,6 +140,9 @@ class SparseSGD(SparseRowOptimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
 
     def update(self, param, grad, group, state):
+        if fused_update(param):
+            sgd_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group["lr"])
+            return
         entries = gradient_rows(grad)
         # index_add_ without alpha takes the vectorised path; with alpha it is ~7x slower on CPU
         if has_distinct_rows(grad):  # scattered by all threads
@@ -160,6 +179,9 @@ class RowWiseAdagrad(SparseRowOptimizer):
         if not state:
             state["sum"] = torch.full((param.shape[0],), group["initial_accumulator_value"], dtype=param.dtype, device=param.device)
         accumulator = state["sum"]
+        if fused_update(param):
+            rowwise_adagrad_rows(param, accumulator, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group["lr"], group["eps"])
+            return
         for rows, g in row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK):
             add_to_distinct_rows(accumulator, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
             scale = accumulator.index_select(0, rows).sqrt_().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
