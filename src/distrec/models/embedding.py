@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -145,25 +145,60 @@ def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_o
     return unique, F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
 
 
+class RowUpdate(Protocol):
+    """An optimizer step on a weight's rows, from their gradient entries (see ``update_rows_in_backward``)."""
+
+    def __call__(self, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update distinct rows int64 [U] of the weight; row u's gradient is the sum of
+        ``grad[picks[k]]`` [*, D] for k in [bounds[u], bounds[u + 1])."""
+        ...
+
+
+ROW_UPDATE = "update_rows_in_backward"
+"""The attribute of a weight holding its ``RowUpdate`` while the update is applied in backward."""
+
+
+def update_rows_in_backward(weight: nn.Parameter, update: RowUpdate | None) -> None:
+    """Have ``pool_sum``'s backward apply ``update`` to ``weight``'s looked-up rows instead of
+    making its gradient (the optimizer step fused into backward, as FBGEMM's kernels do:
+    no [rows, D] gradient is ever made); None makes gradients again.
+
+    Only for a weight whose gradient nothing else reads between backward and the optimizer
+    step (no all-reduce of its rows, no gradient accumulated over several backward passes).
+    """
+    if update is None:
+        if hasattr(weight, ROW_UPDATE):
+            delattr(weight, ROW_UPDATE)
+    else:
+        setattr(weight, ROW_UPDATE, update)
+
+
 class _SumPooling(torch.autograd.Function):
     """Sum pooling of bags of weight rows whose backward yields a sparse COO gradient.
 
     With one row per bag (single-hot features) the gradient has one entry per lookup, the
     output gradient itself (no copy, uncoalesced). With multi-row bags it is coalesced
     right away (one entry per distinct row), which is smaller than one entry per lookup
-    and is what the row-wise optimizers need anyway.
+    and is what the row-wise optimizers need anyway. A weight with a ``RowUpdate``
+    (``update_rows_in_backward``) gets no gradient: its rows are updated from the grouped
+    output gradient instead.
     """
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, bags: Bags) -> torch.Tensor:
         ctx.bags = bags
         ctx.weight_shape = weight.shape
+        ctx.update = getattr(weight, ROW_UPDATE, None)
         return F.embedding_bag(bags.rows, weight, bags.offsets, mode="sum", include_last_offset=True)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         bags: Bags = ctx.bags
         grad = grad.contiguous()
+        if ctx.update is not None:
+            rows, bounds, order = group_by_row(bags.rows, ctx.weight_shape[0])
+            ctx.update(rows, bounds, order if bags.bag_of_row is None else bags.bag_of_row[order], grad)
+            return None, None
         if bags.bag_of_row is None:
             rows, values = bags.rows, grad
         else:
@@ -175,7 +210,8 @@ class _SumPooling(torch.autograd.Function):
 
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
     """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D]. The gradient of ``weight``
-    is sparse COO (one entry per lookup for single-row bags, else one per distinct row)."""
+    is sparse COO (one entry per lookup for single-row bags, else one per distinct row), or
+    none when its rows are updated in backward (``update_rows_in_backward``)."""
     return _SumPooling.apply(weight, bags)
 
 
