@@ -90,14 +90,17 @@ def test_dmt_speeds_up_more_with_more_compression():
     assert times[0] == pytest.approx(predict_iteration(Workload(), c, "sptt").total)
 
 
-def test_dmt_speedup_grows_from_two_to_eight_hosts():
+def test_dmt_speedup_grows_from_two_to_eight_hosts_and_with_the_generation():
     # past 8 hosts the global index exchange, the same in both schemes, dilutes the gain
     rows = scaling_table(Workload(), gpu_counts=(16, 32, 64, 512), schemes=("flat", "dmt"), compression=4.0)
-    for name in HARDWARE:
-        speedups = [r["speedup_dmt"] for r in rows if r["hardware"] == name]
-        assert len(speedups) == 4
-        assert speedups[0] < speedups[1] < speedups[2], (name, speedups)
-        assert min(speedups) > 1.3
+    speedups = {name: [r["speedup_dmt"] for r in rows if r["hardware"] == name] for name in HARDWARE}
+    for name, mine in speedups.items():
+        assert len(mine) == 4
+        assert 1 < mine[0] < mine[1] < mine[2], (name, mine)
+    # peak FLOP/s per byte/s of scale-out grows V100 -> A100 -> H100 (1.3, 6.2, 9.9 kFLOP/B), so communication,
+    # which DMT cuts, is a larger share of the step on newer GPUs (the paper's premise)
+    for at_size in zip(speedups["V100"], speedups["A100"], speedups["H100"]):
+        assert at_size[0] < at_size[1] < at_size[2], at_size
 
 
 def test_calibration_recovers_known_link_parameters():
