@@ -5,9 +5,10 @@ Hardware presets (per GPU; bandwidths one direction). The DMT paper (Luo et al.,
 H100 clusters by peak FLOP/s, scale-up (intra-host) and scale-out (cross-host) bandwidth:
 
 - peak FLOP/s: the paper's Table 1 values for V100 (15.7 TFLOP/s, FP32) and A100 (156, TF32
-  dense), as quoted in distrec issue #21; the stored copy of the paper reachable here ends
-  before Table 1, so its H100 entry could not be read, and H100 takes the same precision
-  class from NVIDIA's H100 SXM5 datasheet (TF32 989 TFLOP/s with sparsity, 495 dense);
+  dense), as quoted in distrec issue #21; the stored copy of the paper reachable here holds
+  only its title, abstract and first lines, so the table's H100 and bandwidth entries could
+  not be read: H100 takes the same precision class from NVIDIA's H100 SXM5 datasheet (TF32
+  989 TFLOP/s with sparsity, 495 dense), and the bandwidths below are the vendors';
 - scale-up: NVLink 2/3/4 per-GPU bandwidth (300, 600, 900 GB/s both directions, NVIDIA
   datasheets), halved to one direction;
 - scale-out: one NIC per GPU of 100, 200 (HDR, DGX A100) and 400 Gbit/s (NDR, DGX H100).

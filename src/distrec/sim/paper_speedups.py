@@ -9,8 +9,8 @@ bar's setting; for a claim like the abstract's "up to 1.9x", every setting it sp
 relative error is ``|simulated - paper| / paper``.
 
 Only points whose numbers could be read are listed: the stored copy of the paper reachable
-here ends after its introduction, so its Fig. 10-12 bars are not in ``PAPER_SPEEDUPS``;
-add them as ``PaperSpeedup`` rows (one setting each) to compare them.
+here holds only its title, abstract and first lines, so its Fig. 10-12 bars are not in
+``PAPER_SPEEDUPS``; add them as ``PaperSpeedup`` rows (one setting each) to compare them.
 """
 
 from __future__ import annotations
