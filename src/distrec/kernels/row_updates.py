@@ -79,12 +79,6 @@ def _threads() -> None:
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
 
-def identity_grouping(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (bounds, picks) of a gradient that already holds one entry per row: entry u is row u's."""
-    count = rows.numel()
-    return torch.arange(count + 1, dtype=torch.int64), torch.arange(count, dtype=torch.int64)
-
-
 def sgd_rows(weight: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
     """``weight[rows[u]] -= lr * sum(grad[picks[bounds[u]:bounds[u + 1]]])`` for each u, in place.
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Iterator
+from types import ModuleType
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
-from distrec.kernels.row_updates import identity_grouping, rowwise_adagrad_rows, sgd_rows
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
@@ -62,9 +62,17 @@ def row_grouping(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     """The distinct rows of a sparse row gradient [U], sorted, with the bounds [U + 1] of each
     row's range of entries and the entries [nnz] in row order (``group_by_row``)."""
     rows = gradient_rows(grad)[0]
-    if has_distinct_rows(grad):
-        return (rows, *identity_grouping(rows))
+    if has_distinct_rows(grad):  # entry u is row u's
+        return rows, torch.arange(rows.numel() + 1, device=rows.device), torch.arange(rows.numel(), device=rows.device)
     return group_by_row(rows, grad.shape[0])
+
+
+def row_updates() -> ModuleType:
+    """``distrec.kernels.row_updates``, imported on first use: numba adds about a second to the
+    start of every process, and evaluation or planning never needs it."""
+    from distrec.kernels import row_updates as kernels
+
+    return kernels
 
 
 def fused_update(param: torch.Tensor) -> bool:
@@ -173,7 +181,7 @@ class SparseSGD(SparseRowOptimizer):
     fuses_rows = True
 
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
-        sgd_rows(param, rows, bounds, picks, grad, group["lr"])
+        row_updates().sgd_rows(param, rows, bounds, picks, grad, group["lr"])
 
     def update(self, param, grad, group, state):
         if fused_update(param):
@@ -221,7 +229,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
         return state["sum"]
 
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
-        rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
+        row_updates().rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
 
     def update(self, param, grad, group, state):
         if fused_update(param):
