@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distrec.parallel.comm import free_port
+from distrec.parallel.comm import exit_without_finalizing, free_port
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results: Any) -> None:
@@ -22,6 +22,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, re
         results[rank] = ("error", traceback.format_exc())
     finally:
         dist.destroy_process_group()
+    exit_without_finalizing(0)  # the result is in the manager's dict
 
 
 def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:

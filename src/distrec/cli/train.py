@@ -206,7 +206,7 @@ def _check_out(out: Path) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data.fingerprint import check_run_data, resolve_paths
-    from distrec.parallel.comm import init_from_env, leave_process_group, naming_silent_ranks
+    from distrec.parallel.comm import exit_without_finalizing, init_from_env, leave_process_group, naming_silent_ranks
     from distrec.train.evaluate import default_device
     from distrec.train.loop import train
     from distrec.train.run import check_run, resume_config
@@ -275,6 +275,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if "dmt" in summary:
             print(dmt_line(summary["dmt"]))
         print(json.dumps(summary))
+    if "LOCAL_RANK" in os.environ:  # a worker that used a process group
+        exit_without_finalizing(0)
     return 0
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -99,13 +102,30 @@ def init_from_env(device: torch.device, timeout_seconds: float = DEFAULT_TIMEOUT
 def leave_process_group() -> None:
     """After a run that succeeded on every rank: wait for all of them, then destroy the group.
 
-    A process that exits with its gloo group alive can abort (``terminate called without an
-    active exception``) while its worker threads are torn down at interpreter exit (PyTorch
-    issue 190489). Not for a failing run: a rank that already died would never reach the barrier.
+    Not for a failing run: a rank that already died would never reach the barrier. A process
+    that used a gloo group should then end with ``exit_without_finalizing``.
     """
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_without_finalizing(status: int) -> NoReturn:
+    """End this process now with ``status``, after flushing the logs and standard streams,
+    without the interpreter's finalization.
+
+    A gloo worker thread can still be releasing a finished collective's tensors when the
+    interpreter finalizes; it then needs the GIL, and CPython (before 3.14, issue gh-87135)
+    ends a thread that asks for the GIL during finalization with ``pthread_exit``, whose
+    unwinding through a C++ destructor calls ``std::terminate``: SIGABRT, "terminate called
+    without an active exception", after all the work was done. Seen in a core dump of a
+    planner worker (``c10d::ProcessGroupGloo::runLoop`` destroying an all-gather's work in
+    ``take_gil`` while the main thread ran ``Py_FinalizeEx``); skipping finalization avoids it.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _timed_out(error: BaseException) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -12,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distrec.allocator import keep_freed_memory
-from distrec.parallel.comm import backend_for
+from distrec.parallel.comm import backend_for, exit_without_finalizing
 from distrec.planner.workload import THREADS_PER_DEVICE
 
 
@@ -50,13 +48,7 @@ def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, 
         dist.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
         dist.destroy_process_group()
-    # Done (results sent, files written): exit without the interpreter's teardown, in which
-    # torch's C++ threads can be destroyed while still joinable and abort the process (SIGABRT,
-    # "terminate called without an active exception"; PyTorch issue 190489): seen in full test
-    # runs, never in some 200 runs of tests/test_planner_execute.py alone.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing(0)  # done (results sent, files written)
 
 
 @contextmanager
