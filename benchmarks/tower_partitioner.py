@@ -283,7 +283,9 @@ def partitioner_study(
 
 
 def table_rows(results: dict[str, dict], methods: Sequence[str]) -> list[dict]:
-    """One table row per data set: AUC mean ± sd per method and the p-values."""
+    """One table row per data set: AUC mean ± sd per method, the p-values, the pairwise
+    interaction's rank correlation between seeds (rho_seeds) and with the untrained model's
+    (rho_untrained), and on planted data the ARI of tp / tp_paper / naive towers."""
     rows = []
     for name, r in results.items():
         row = {"data": name, "T": r["towers"], "epochs": r["epochs"], "seeds": len(r["auc"]["dlrm"])}
@@ -291,6 +293,8 @@ def table_rows(results: dict[str, dict], methods: Sequence[str]) -> list[dict]:
             row[m] = f"{r['mean'][m]:.4f} ± {r['sd'][m]:.4f}" if m in r["mean"] else "-"
         for key in ("p_value_vs_naive", "p_value_vs_random", "paper_p_value_vs_naive"):
             row[key.replace("_value", "")] = "-" if r[key] is None else f"{r[key]:.3g}"
+        row["rho_seeds"] = f"{r['interaction_agreement']['pairwise']:.2f}" if r["interaction_agreement"]["pairwise"] is not None else "-"
+        row["rho_untrained"] = f"{r['pairwise_vs_untrained']:.2f}"
         if "ari_vs_planted" in r:
             row["ARI tp/paper/naive"] = "/".join(f"{r['ari_vs_planted'].get(m, float('nan')):.2f}" for m in ("tp", "tp_paper", "naive"))
         rows.append(row)
