@@ -29,6 +29,7 @@ uses it); run as a script it prints a table and, last, one JSON object.
     python benchmarks/tower_partitioner.py                       # 3 data sets, 10 seeds
     python benchmarks/tower_partitioner.py --quick               # 2 seeds, 1 epoch
     python benchmarks/tower_partitioner.py --datasets planted --seeds 4
+    python benchmarks/tower_partitioner.py --datasets criteo --stability 8 --lr 0.003 --embedding-lr 0.03
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -154,12 +155,53 @@ def interaction_agreement(matrices: Sequence[torch.Tensor]) -> float | None:
     return float(np.mean([rank_correlation(a, b) for a, b in pairs])) if pairs else None
 
 
+def load_study_data(name: str, options: StudyOptions) -> tuple[Any, Any, list[Any], dict[str, np.ndarray]]:
+    """The run config, ``Dataset``, tables and ``{"train", "val"}`` row split (80/20, seed 0) of a data set."""
+    from distrec import config
+    from distrec.data import Dataset, prepare
+
+    overrides = [f"model.embedding_dim={options.dim}", "model.bottom_mlp=[64]", "model.top_mlp=[64]", *DATASETS[name].overrides]
+    cfg = config.load(None, overrides, preset="tiny")
+    dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
+    return cfg, dataset, dataset.tables(options.dim), dataset.split("random:0.2", seed=0)
+
+
+def interaction_stability(name: str, seeds: int, epochs: int, options: StudyOptions, rows: int = 1024) -> list[dict]:
+    """How the DLRM's pairwise interaction matrix settles as it trains (the partitioner's input).
+
+    Per seed and epoch: held-out AUC and the Spearman correlation (:func:`rank_correlation`)
+    of the matrix with the untrained model's; per seed, the correlation between the matrices
+    of two disjoint ``rows``-row training samples after the last epoch (near 1: enough rows).
+    """
+    from distrec.models.build import build_model
+    from distrec.towers.from_run import feature_interaction
+    from distrec.train.evaluate import evaluate
+
+    study = DATASETS[name]
+    cfg, dataset, tables, split = load_study_data(name, options)
+    lr, embedding_lr = options.lr or study.lr, options.embedding_lr or study.embedding_lr
+    out = []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        dlrm = build_model(cfg.model, dataset.num_dense, tables)
+        shuffled = np.random.default_rng(seed).permutation(split["train"])
+        sample, other = dataset.batch(np.sort(shuffled[:rows])), dataset.batch(np.sort(shuffled[-rows:]))
+        untrained = feature_interaction(dlrm.eval(), sample, "pairwise", seed)
+        per_epoch = []
+        for epoch in range(epochs):
+            harness.train_epochs(dlrm, dataset, split["train"], 1, options.batch_size, seed * 1000 + epoch, lr, embedding_lr)
+            interaction = feature_interaction(dlrm.eval(), sample, "pairwise", seed)
+            auc = evaluate(dlrm, dataset, split["val"], 8192, torch.device("cpu"))["auc"]
+            per_epoch.append({"epoch": epoch + 1, "auc": round(auc, 4), "rho_untrained": round(rank_correlation(untrained, interaction), 3)})
+        rho_samples = rank_correlation(interaction, feature_interaction(dlrm, other, "pairwise", seed))
+        out.append({"seed": seed, "epochs": per_epoch, "rho_two_samples": round(rho_samples, 3)})
+    return out
+
+
 def run_dataset(name: str, seeds: int, options: StudyOptions, methods: Sequence[str] = METHODS, log: Callable[[str], None] = _log) -> dict:
     """AUC of DMT-DLRM per tower method and seed on one data set; see :func:`partitioner_study`."""
     from sklearn.metrics import adjusted_rand_score
 
-    from distrec import config
-    from distrec.data import Dataset, prepare
     from distrec.data.synthetic import interaction_groups
     from distrec.models.build import build_model
     from distrec.towers.from_run import feature_interaction
@@ -167,12 +209,8 @@ def run_dataset(name: str, seeds: int, options: StudyOptions, methods: Sequence[
     from distrec.train.evaluate import evaluate
 
     study = DATASETS[name]
+    cfg, dataset, tables, split = load_study_data(name, options)
     epochs, lr, embedding_lr = options.epochs or study.epochs, options.lr or study.lr, options.embedding_lr or study.embedding_lr
-    overrides = [f"model.embedding_dim={options.dim}", "model.bottom_mlp=[64]", "model.top_mlp=[64]", *study.overrides]
-    cfg = config.load(None, overrides, preset="tiny")
-    dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
-    tables = dataset.tables(options.dim)
-    split = dataset.split("random:0.2", seed=0)
     names = [t.name for t in tables]
     dmt_model = dataclasses.replace(cfg.model, tower_module="dlrm", tower_dim=options.tower_dim, tower_c=options.tower_c, tower_p=options.tower_p)
     planted = interaction_groups(cfg.data.synthetic) if cfg.data.format == "synthetic" else None
@@ -316,11 +354,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch threads (on a loaded machine, more threads wait on each other)")
     p.add_argument("--quick", action="store_true", help="2 seeds, 1 epoch")
     p.add_argument("--out", default="runs/tower_partitioner")
+    p.add_argument("--stability", type=int, default=0, metavar="EPOCHS", help="instead: how the DLRM's interactions settle over EPOCHS (2 seeds)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     if args.quick:
         args.seeds, args.epochs = min(args.seeds, 2), 1
-    torch.set_num_threads(args.threads)
     options = StudyOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(StudyOptions)})
+    if args.stability:
+        return harness.finish({name: interaction_stability(name, 2, args.stability, options) for name in args.datasets})
     results = partitioner_study(args.datasets, args.seeds, options, args.methods)
     print(format_table(table_rows(results, args.methods)))
     compact = {
