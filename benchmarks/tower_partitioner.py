@@ -5,8 +5,8 @@ For each data set and seed, on one process:
 
 1. a DLRM (distrec.models) is trained on the training split; the partitioner reads its
    feature interactions on ``--sample-rows`` training rows;
-2. one DMT-DLRM per tower method is trained from the same seed (same initial weights where
-   the shapes agree, same batch order) and evaluated on the held-out split (AUC).
+2. one DMT-DLRM per tower method is trained from the same seed (same table initialisation,
+   same batch order) and evaluated on the held-out split (AUC).
 
 Tower methods (``METHODS``):
 
@@ -266,7 +266,7 @@ def run_dataset(name: str, seeds: int, options: StudyOptions, methods: Sequence[
     return result
 
 
-def summarise(result: dict, methods: Sequence[str]) -> dict:
+def summarise(result: dict) -> dict:
     """Mean and sd of the AUC per method, and the two-sided Mann-Whitney p-values of each
     partitioner setting vs naive and vs random (None without both methods)."""
     from scipy.stats import mannwhitneyu
@@ -315,9 +315,12 @@ def partitioner_study(
         the partitioner sees the initialisation more than the data), ``towers_seed0``, ``epochs``,
         ``towers`` (T) and, on planted data, ``ari_vs_planted`` (adjusted Rand index of each
         method's towers against the planted groups, mean over seeds).
+
+    Trains in this process with torch's current thread count (the script sets 1: on a
+    loaded machine more threads wait on each other).
     """
     options = options or StudyOptions()
-    return {name: summarise(run_dataset(name, seeds, options, methods, log), methods) for name in datasets}
+    return {name: summarise(run_dataset(name, seeds, options, methods, log)) for name in datasets}
 
 
 def table_rows(results: dict[str, dict], methods: Sequence[str]) -> list[dict]:
