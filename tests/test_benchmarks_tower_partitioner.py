@@ -35,14 +35,14 @@ def test_rank_correlation_reads_only_the_off_diagonal_pairs():
 def test_summary_gives_mann_whitney_p_values_of_the_partitioners():
     rng = np.random.default_rng(0)
     auc = {"dlrm": list(0.70 + 0.001 * rng.standard_normal(10)), "tp": [0.75 + 0.001 * i for i in range(10)]}
-    auc |= {"naive": [0.70 + 0.001 * i for i in range(10)], "random": [0.745 + 0.001 * i for i in range(10)]}
+    auc |= {"naive": [0.70 + 0.001 * i for i in range(10)], "random": [0.7505 + 0.001 * i for i in range(10)]}
     result = {"auc": auc, "towers": 4, "epochs": 1, "interaction_agreement": {"pairwise": 0.5, "cosine": None}, "pairwise_vs_untrained": 0.2}
     summary = tp.summarise(result)
     # all 10 tp AUCs above all 10 naive ones: U = 100; scipy's normal approximation with the
     # continuity correction (its choice for 10 + 10 samples): z = (100 - 50 - 0.5) / sqrt(10 * 10 * 21 / 12)
     z = 49.5 / math.sqrt(175)
     assert summary["p_value_vs_naive"] == pytest.approx(math.erfc(z / math.sqrt(2)))
-    assert 0.05 < summary["p_value_vs_random"] < 1
+    assert 0.5 < summary["p_value_vs_random"] <= 1  # interleaved with tp: no difference
     assert summary["paper_p_value_vs_naive"] is None
     assert summary["mean"]["tp"] == pytest.approx(0.7545)
     assert summary["sd"]["naive"] == pytest.approx(np.std(auc["naive"], ddof=1))
