@@ -10,6 +10,8 @@ folder is first on ``sys.path``). It uses only distrec's public surface.
 - timing: :func:`interleaved_rounds` runs the baseline and the candidates in turns, so that
   every one sees the same machine load; :class:`Samples` holds one system's measurements
   and gives their median and spread;
+- training: :func:`train_epochs` trains a distrec model in this process with distrec's
+  training step (for quality benchmarks);
 - results: :func:`finish` writes the result JSON atomically and prints it as the last line;
   :func:`figure` / :func:`save_png` draw a PNG whose axes must be labelled.
 """
@@ -197,6 +199,22 @@ def launch_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, 
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train_epochs(model: Any, dataset: Any, rows: np.ndarray, epochs: int, batch_size: int, seed: int, lr: float, embedding_lr: float) -> None:
+    """``epochs`` shuffled passes over ``rows`` of a ``distrec.data.Dataset`` with distrec's
+    training step (Adam for the dense parameters, lazy Adam for the tables), in this process."""
+    from distrec.train.optim import make_optimizers
+    from distrec.train.step import TrainStep
+
+    step = TrainStep(model, make_optimizers(model, "adam", lr, "adam", embedding_lr))
+    model.train()
+    for epoch in range(epochs):
+        for batch in dataset.batches(rows, batch_size, shuffle=True, seed=seed, epoch=epoch):
+            step(batch)
 
 
 # ----------------------------------------------------------------------------- results

@@ -13,6 +13,7 @@ from distrec.towers.partition import (
     naive_assignment,
     partition_features,
     plot_similarity,
+    tightest_ratio,
     tower_size_bounds,
 )
 
@@ -86,6 +87,24 @@ def test_size_bounds_are_feasible_and_respect_the_ratio(features, towers, ratio,
 def test_size_bound_errors(args, message):
     with pytest.raises(DistrecError, match=message):
         tower_size_bounds(*args)
+
+
+@pytest.mark.parametrize("features,towers,expected", [(12, 4, 1.0), (26, 4, 7 / 6), (7, 2, 4 / 3), (5, 5, 1.0)])
+def test_tightest_ratio_is_the_smallest_feasible_bound(features, towers, expected):
+    ratio = tightest_ratio(features, towers)
+    assert ratio == pytest.approx(expected)
+    size_min, size_max = tower_size_bounds(features, towers, ratio)
+    assert (size_min, size_max) == (features // towers, -(-features // towers))
+    if ratio > 1:
+        with pytest.raises(DistrecError, match=f"max-ratio {ratio:.2f}"):
+            tower_size_bounds(features, towers, ratio - 0.01)
+
+
+def test_tightest_ratio_gives_towers_as_equal_as_possible():
+    pooled, _ = planted_embeddings([4, 3, 3])
+    names = names_for(10)
+    part = partition_features(names, 3, "coherent", interaction_matrix(pooled), max_ratio=tightest_ratio(10, 3))
+    assert sorted(len(t) for t in part.towers) == [3, 3, 4]
 
 
 def test_naive_is_strided():

@@ -167,14 +167,20 @@ def tower_size_bounds(num_features: int, num_towers: int, max_ratio: float) -> t
     size_max = np.minimum(largest_allowed, num_features - (num_towers - 1) * size_min)
     feasible = (num_towers * size_max >= num_features) & (size_max >= size_min)
     if not feasible.any():
-        needed = -(-num_features // num_towers) / (num_features // num_towers)
         raise DistrecError(
             f"{num_features} features cannot form {num_towers} towers with max size <= {max_ratio} x min size; "
-            f"use --max-ratio {needed:.2f} or more, or a number of towers that divides {num_features}"
+            f"use --max-ratio {tightest_ratio(num_features, num_towers):.2f} or more, or a number of towers that divides {num_features}"
         )
     width = np.where(feasible, size_max - size_min, -1)
     best = np.flatnonzero(width == width.max())[-1]
     return int(size_min[best]), int(size_max[best])
+
+
+def tightest_ratio(num_features: int, num_towers: int) -> float:
+    """The smallest balance bound K that ``num_features`` features in ``num_towers`` towers can
+    meet: ``ceil(F/T) / floor(F/T)`` (1.0 when T divides F; the paper's R = 1 otherwise)."""
+    _check_tower_count(num_features, num_towers)
+    return -(-num_features // num_towers) / (num_features // num_towers)
 
 
 def constrained_kmeans(coords: torch.Tensor, num_towers: int, max_ratio: float, seed: int = 0) -> np.ndarray:
