@@ -52,7 +52,7 @@ def test_layout_from_towers_splits_each_tower_table_wise_over_its_host():
 @pytest.mark.parametrize(
     "towers,message",
     [
-        ([[0, 1, 2]], "one tower per host"),
+        ([[0, 1, 2]], "partition the features into 2 towers"),
         ([[0, 1], [1, 2]], "exactly one rank"),
         ([[0, 1, 2], []], "no features"),
     ],
@@ -97,11 +97,17 @@ def _tower_module(host: int, num_features: int) -> nn.Module:
 
 
 def _reference(layout, inputs, upstream, modules):
-    """Outputs and gradients computed on the whole batch in one process."""
+    """Outputs and gradients computed on the whole batch in one process (row-wise: the sum of
+    the host's partial sums)."""
     leaves = [x.clone().requires_grad_() for x in inputs]
-    full = torch.cat(leaves, dim=1).index_select(1, layout.global_index())
     t = layout.topology
-    towers = [[f for g in t.host_ranks(h) for f in layout.features_of_rank[g]] for h in range(len(modules))]
+    if layout.row_wise:
+        # a sum, not stack(...).sum(0): the leaves' .grad from a stack alias each other in torch 2.13
+        full = torch.cat([sum(leaves[g] for g in t.host_ranks(h)) for h in range(t.hosts)], dim=1)
+    else:
+        full = torch.cat(leaves, dim=1)
+    full = full.index_select(1, layout.global_index())
+    towers = [layout.host_features(h) for h in range(len(modules))]
     outs = []
     for r, grad in enumerate(upstream):
         rows = full[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH]
@@ -111,7 +117,7 @@ def _reference(layout, inputs, upstream, modules):
     return outs, [x.grad for x in leaves]
 
 
-# (hosts, ranks per host, towers of global feature indices); F = 10 features
+# (hosts, ranks per host, towers of global feature indices, one per host); F = 10 features
 CONFIGS = [
     (2, 2, [[3, 9, 0, 5, 7, 1], [8, 2, 6, 4]]),
     (2, 3, [[4, 0, 7, 2, 9, 1, 3, 6], [8, 5]]),  # host 0 pools 3, 3, 2 features; host 1 pools 1, 1, 0
@@ -120,50 +126,69 @@ CONFIGS = [
 ]
 
 
-def _check_exchanges(rank, hosts, ranks_per_host, towers, port):
-    t = Topology(hosts, ranks_per_host)
-    config = f"{hosts}x{ranks_per_host}"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=t.world_size)
-    try:
-        groups = t.build_groups()
-        assert dist.get_process_group_ranks(groups.intra_host) == t.host_ranks(t.host(rank))
-        assert dist.get_process_group_ranks(groups.cross_host) == t.peers(rank)
-        layout = FeatureLayout.from_towers(t, towers)
-        gen = torch.Generator().manual_seed(7)
-        global_rows = t.world_size * LOCAL_BATCH
-        inputs = [torch.randn(global_rows, count, DIM, generator=gen) for count in layout.feature_counts]
-        upstream = [torch.randn(LOCAL_BATCH, layout.num_features, DIM, generator=gen) for _ in range(t.world_size)]
-        expected, expected_grads = _reference(layout, inputs, upstream, [])
-        exchanges = {
-            "flat": lambda x: flat_exchange(x, layout, rank),
-            "sptt": lambda x: sptt_exchange(x, layout, groups),
-        }
-        for name, exchange in exchanges.items():
-            x = inputs[rank].clone().requires_grad_()
-            out = exchange(x)
-            (out * upstream[rank]).sum().backward()
-            where = f"{config} rank {rank} {name}"
-            torch.testing.assert_close(out, expected[rank], rtol=0, atol=0, msg=lambda m: f"{where} output: {m}")
-            torch.testing.assert_close(x.grad, expected_grads[rank], rtol=0, atol=0, msg=lambda m: f"{where} grad: {m}")
+def merged_towers(towers: list[list[int]], hosts_per_tower: int) -> list[list[int]]:
+    """The per-host towers of ``towers`` joined K hosts at a time: one tower per K hosts."""
+    return [sum(towers[i : i + hosts_per_tower], []) for i in range(0, len(towers), hosts_per_tower)]
 
-        # with tower modules: only their outputs cross hosts; parameter gradients summed inside the host
-        host_counts = layout.host_feature_counts()
-        modules = [_tower_module(h, n) for h, n in enumerate(host_counts)]
-        tower_dims = [2 + h for h in range(hosts)]
-        tower_upstream = [torch.randn(LOCAL_BATCH, sum(tower_dims), generator=gen) for _ in range(t.world_size)]
-        expected, expected_grads = _reference(layout, inputs, tower_upstream, modules)
-        mine = _tower_module(t.host(rank), host_counts[t.host(rank)])
-        x = inputs[rank].clone().requires_grad_()
-        out = sptt_exchange(x, layout, groups, tower_module=mine, tower_dims=tower_dims)
-        (out * tower_upstream[rank]).sum().backward()
-        where = f"{config} rank {rank} sptt with tower modules"
-        torch.testing.assert_close(out, expected[rank], msg=lambda m: f"{where} output: {m}")
-        torch.testing.assert_close(x.grad, expected_grads[rank], msg=lambda m: f"{where} grad: {m}")
-        for p, ref in zip(mine.parameters(), modules[t.host(rank)].parameters()):
-            dist.all_reduce(p.grad, group=groups.intra_host)
-            torch.testing.assert_close(p.grad, ref.grad, msg=lambda m: f"{where} parameter grad: {m}")
+
+def _variants(hosts):
+    """(tower sharding, hosts per tower): every K dividing the hosts, table- and row-wise."""
+    return [(sharding, k) for k in range(1, hosts + 1) if hosts % k == 0 for sharding in ("table_wise", "row_wise")]
+
+
+def _check_exchanges(rank, hosts, ranks_per_host, towers, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=hosts * ranks_per_host)
+    try:
+        for sharding, k in _variants(hosts):
+            _check_variant(
+                rank, Topology(hosts, ranks_per_host).tower_topology(k), merged_towers(towers, k), sharding, f"{hosts}x{ranks_per_host} K={k} {sharding}"
+            )
     finally:
         dist.destroy_process_group()
+
+
+def _check_variant(rank, t, towers, sharding, config):
+    """SPTT on topology ``t`` (hosts = towers) equals the flat exchange and the one-process reference."""
+    groups = t.build_groups()
+    assert dist.get_process_group_ranks(groups.intra_host) == t.host_ranks(t.host(rank))
+    assert dist.get_process_group_ranks(groups.cross_host) == t.peers(rank)
+    layout = FeatureLayout.from_towers(t, towers, sharding)
+    # reduce-scatter may add 3 or more partial sums in another order than the reference
+    exact = dict(rtol=0, atol=0) if sharding != "row_wise" or t.ranks_per_host < 3 else {}
+    gen = torch.Generator().manual_seed(7)
+    global_rows = t.world_size * LOCAL_BATCH
+    inputs = [torch.randn(global_rows, count, DIM, generator=gen) for count in layout.feature_counts]
+    upstream = [torch.randn(LOCAL_BATCH, layout.num_features, DIM, generator=gen) for _ in range(t.world_size)]
+    expected, expected_grads = _reference(layout, inputs, upstream, [])
+    exchanges = {
+        "flat": lambda x: flat_exchange(x, layout, rank),
+        "sptt": lambda x: sptt_exchange(x, layout, groups),
+        "sptt, rows already in peer order": lambda x: sptt_exchange(to_peer_order(x, t), layout, groups, rows_in_peer_order=True),
+    }
+    for name, exchange in exchanges.items():
+        x = inputs[rank].clone().requires_grad_()
+        out = exchange(x)
+        (out * upstream[rank]).sum().backward()
+        where = f"{config} rank {rank} {name}"
+        torch.testing.assert_close(out, expected[rank], **exact, msg=lambda m: f"{where} output: {m}")
+        torch.testing.assert_close(x.grad, expected_grads[rank], rtol=0, atol=0, msg=lambda m: f"{where} grad: {m}")
+
+    # with tower modules: only their outputs cross hosts; parameter gradients summed inside the host
+    host_counts = layout.host_feature_counts()
+    modules = [_tower_module(h, n) for h, n in enumerate(host_counts)]
+    tower_dims = [2 + h for h in range(t.hosts)]
+    tower_upstream = [torch.randn(LOCAL_BATCH, sum(tower_dims), generator=gen) for _ in range(t.world_size)]
+    expected, expected_grads = _reference(layout, inputs, tower_upstream, modules)
+    mine = _tower_module(t.host(rank), host_counts[t.host(rank)])
+    x = inputs[rank].clone().requires_grad_()
+    out = sptt_exchange(x, layout, groups, tower_module=mine, tower_dims=tower_dims)
+    (out * tower_upstream[rank]).sum().backward()
+    where = f"{config} rank {rank} sptt with tower modules"
+    torch.testing.assert_close(out, expected[rank], msg=lambda m: f"{where} output: {m}")
+    torch.testing.assert_close(x.grad, expected_grads[rank], msg=lambda m: f"{where} grad: {m}")
+    for p, ref in zip(mine.parameters(), modules[t.host(rank)].parameters()):
+        dist.all_reduce(p.grad, group=groups.intra_host)
+        torch.testing.assert_close(p.grad, ref.grad, msg=lambda m: f"{where} parameter grad: {m}")
 
 
 def _exchange_worker(rank, ports):
@@ -173,7 +198,8 @@ def _exchange_worker(rank, ports):
 
 
 def test_sptt_equals_flat_all_to_all_in_values_and_gradients():
-    """2x2, 2x3, 4x1 and 1x4 on random inputs, one process group after the other."""
+    """2x2, 2x3, 4x1 and 1x4 on random inputs, one process group after the other; each with
+    towers of every K hosts dividing the hosts, table- and row-wise."""
     ports: list[int] = []
     while len(ports) < len(CONFIGS):  # distinct, so no rank can join an earlier group's store
         port = free_port()

@@ -7,7 +7,8 @@ Both exchanges here start after the lookup: every rank has pooled its own tables
 Both return, on each rank, its own b samples with every feature, ``[b, F, D]`` in the
 global feature order.
 
-- ``flat_exchange``: one all-to-all over all ranks (the hybrid-parallel baseline).
+- ``flat_exchange``: one all-to-all over all ranks (the hybrid-parallel baseline; row-wise
+  partial sums are added up after it).
 - ``sptt_exchange``: (c) permute the rows into peer order; (d) all-to-all inside the host,
   after which each rank holds its host's features (its tower) for the samples of all its
   peers; (e) reshape (features, peers) -> (peers, features), where an optional tower module
@@ -17,10 +18,22 @@ global feature order.
 
 Feature mapping (``FeatureLayout.from_towers``): tower t is placed on host t, inside the
 host either table-wise (its features split over the host's ranks in contiguous, balanced
-runs, so rank ``(t, l)`` pools the l-th run of tower t's features) or column-wise (every
+runs, so rank ``(t, l)`` pools the l-th run of tower t's features), column-wise (every
 rank of the host pools all of tower t's features, rank ``(t, l)`` the l-th range of their
-columns). Either way, a rank's pooled tensor is ``[B, F_rank, D_rank]`` (D_rank = D when
-table-wise), and the exchanges put the received columns back into feature order.
+columns) or row-wise (every rank of the host pools all of tower t's features over its range
+of their rows: partial sums). A rank's pooled tensor is ``[B, F_rank, D_rank]`` (D_rank = D
+unless column-wise), and the exchanges put the received columns back into feature order.
+
+Specialised SPTT (the paper's Sec. 3.1.3), each still equal to ``flat_exchange`` (row-wise:
+up to the order in which the partial sums are added):
+
+- a tower spanning K hosts: run on ``Topology.tower_topology(K)``, whose "hosts" are the
+  towers; everything below then reads "tower" for "host";
+- row-wise towers: step (d) is a reduce-scatter of the partial sums inside the host
+  (``differentiable_reduce_scatter``) instead of an all-to-all;
+- one rank per host: (c) and (d) are identities and are skipped; one host: (f) is skipped;
+- ``rows_in_peer_order``: the caller pooled its rows in peer order already (the SPTT module
+  does so while pooling), so (c) is skipped.
 
 Both exchanges are differentiable (``distrec.parallel.comm.differentiable_all_to_all``: the
 backward of each all-to-all is the reverse all-to-all of the gradients). Tensors stay on
@@ -38,10 +51,10 @@ import numpy as np
 import torch
 
 from distrec.errors import DistrecError
-from distrec.parallel.comm import differentiable_all_to_all
+from distrec.parallel.comm import differentiable_all_to_all, differentiable_reduce_scatter
 from distrec.parallel.topology import Topology, TopologyGroups
 
-TOWER_SHARDINGS = ("table_wise", "column_wise")
+TOWER_SHARDINGS = ("table_wise", "column_wise", "row_wise")
 
 
 @dataclass(frozen=True)
@@ -56,11 +69,15 @@ class FeatureLayout:
         columns_of_rank: column-wise only: for each rank, the range ``[start, end)`` of the
             embedding columns it pools (the host's ranks' ranges tile ``[0, D)``); None when
             every rank pools whole features.
+        row_wise: every rank of a host pools all of its tower's features over a range of the
+            tables' rows (``distrec.parallel.sptt_embedding.tower_plan`` picks the ranges), so
+            its pooled vectors are partial sums that step (d) adds up.
     """
 
     topology: Topology
     features_of_rank: tuple[tuple[int, ...], ...]
     columns_of_rank: tuple[tuple[int, int], ...] | None = None
+    row_wise: bool = False
     _index_by_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,18 +87,21 @@ class FeatureLayout:
             )
         order = self.exchange_order
         if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != len(order) * (
-            1 if self.columns_of_rank is None else self.topology.ranks_per_host
+            1 if self.columns_of_rank is None and not self.row_wise else self.topology.ranks_per_host
         ):
             raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank (or host); fix the towers")
 
     @classmethod
     def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None) -> FeatureLayout:
         """Tower t on host t, split over the host's ranks ``table_wise`` (contiguous runs of
-        features) or ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns)."""
+        features), ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns) or
+        ``row_wise`` (ranges of the rows, every rank pooling all of the tower's features)."""
         if sharding not in TOWER_SHARDINGS:
             raise DistrecError(f"tower sharding {sharding!r} is unknown; choose one of: {', '.join(TOWER_SHARDINGS)}")
         if len(towers) != topology.hosts:
-            raise DistrecError(f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host")
+            raise DistrecError(
+                f"{len(towers)} towers for a topology of {topology.hosts} (one per host, or per --hosts-per-tower hosts); partition the features into {topology.hosts} towers"
+            )
         if any(len(tower) == 0 for tower in towers):
             raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
         if sharding == "column_wise":
@@ -94,6 +114,8 @@ class FeatureLayout:
             cuts = [round(dim * l / L) for l in range(L + 1)]
             features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
             return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
+        if sharding == "row_wise":
+            return cls(topology, tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(topology.ranks_per_host)), row_wise=True)
         runs = [tuple(int(f) for f in run) for tower in towers for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)]
         return cls(topology, tuple(runs))
 
@@ -216,7 +238,11 @@ def flat_exchange(pooled: torch.Tensor, layout: FeatureLayout, rank: int, group:
     widths = layout.widths(dim)
     send_splits = [b * pooled[0].numel()] * layout.topology.world_size
     recv = differentiable_all_to_all(pooled.reshape(-1), [b * w for w in widths], send_splits, group)
-    columns = _in_feature_order(blocks_to_columns(recv, b, widths), layout, range(layout.topology.world_size), dim)
+    columns = blocks_to_columns(recv, b, widths)
+    if layout.row_wise:  # add up the partial sums of each host's ranks
+        parts = columns.split(widths, dim=1)
+        columns = torch.cat([torch.stack([parts[r] for r in layout.topology.host_ranks(h)]).sum(0) for h in range(layout.topology.hosts)], dim=1)
+    columns = _in_feature_order(columns, layout, range(layout.topology.world_size), dim)
     return to_global_order(columns.view(b, -1, dim), layout)
 
 
@@ -227,6 +253,7 @@ def sptt_exchange(
     tower_module: Callable[[torch.Tensor], torch.Tensor] | None = None,
     tower_dims: Sequence[int] | None = None,
     grad_scale: float = 1.0,
+    rows_in_peer_order: bool = False,
 ) -> torch.Tensor:
     """SPTT steps (c)-(f); only the (compressed) tower outputs cross hosts.
 
@@ -238,6 +265,8 @@ def sptt_exchange(
             host's tower before it crosses hosts (step (e)).
         tower_dims: ``out_h`` of every host's tower module (required with ``tower_module``).
         grad_scale: factor on the gradient returned to ``pooled`` (not on the tower module's).
+        rows_in_peer_order: ``pooled``'s rows are in peer order already (``to_peer_order``
+            applied), so step (c) is skipped.
 
     Returns:
         Without a tower module, ``[b, F, D]`` this rank's samples in the global feature order
@@ -248,14 +277,19 @@ def sptt_exchange(
     b = _check_input(pooled, layout, groups.rank)
     hosts, dim = topology.hosts, layout.dim(pooled.shape[2])
     host = topology.host(groups.rank)
-    source_widths = [layout.widths(dim)[r] for r in topology.host_ranks(host)]
     peer_rows = hosts * b
     # (c) + (d): block l of the peer-ordered rows goes to local rank l
-    send = to_peer_order(pooled, topology).reshape(-1)
-    send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
-    recv = differentiable_all_to_all(send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale)
+    send = pooled if rows_in_peer_order else to_peer_order(pooled, topology)
+    if topology.ranks_per_host == 1:  # both are identities
+        tower = _ScaleGrad.apply(send.reshape(peer_rows, -1), grad_scale)
+    elif layout.row_wise:  # partial sums of the same features on every rank of the host
+        tower = differentiable_reduce_scatter(send.reshape(-1), groups.intra_host, grad_scale).view(peer_rows, -1)
+    else:
+        source_widths = [layout.widths(dim)[r] for r in topology.host_ranks(host)]
+        send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
+        recv = differentiable_all_to_all(send.reshape(-1), [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale)
+        tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
     # (e)
-    tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
     if tower_module is None:
         tower_out, out_widths = tower, [f * dim for f in layout.host_feature_counts()]
     else:
@@ -265,10 +299,27 @@ def sptt_exchange(
         if tower_out.shape != (peer_rows, out_widths[host]):
             raise ValueError(f"tower module returned {tuple(tower_out.shape)}, expected ({peer_rows}, {out_widths[host]})")
     # (f): block h of the tower output (the samples of my peer on host h) goes to host h
-    send_splits = [b * out_widths[host]] * hosts
-    recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
-    out = blocks_to_columns(recv, b, out_widths)
+    if hosts == 1:
+        out = tower_out
+    else:
+        send_splits = [b * out_widths[host]] * hosts
+        recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
+        out = blocks_to_columns(recv, b, out_widths)
     return out if tower_module is not None else to_global_order(out.view(b, -1, dim), layout)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity, whose backward multiplies the gradient by ``scale`` (where a skipped
+    collective would have scaled it)."""
+
+    @staticmethod
+    def forward(ctx, tensor, scale):
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale if ctx.scale != 1.0 else grad, None
 
 
 def _in_feature_order(columns: torch.Tensor, layout: FeatureLayout, ranks: Sequence[int], dim: int) -> torch.Tensor:

@@ -15,11 +15,13 @@ from distrec.towers.partition import resolve_towers
 
 
 class Sptt(Sharded):
-    """Tower t's tables on host t (table- or column-wise over its ranks, ``parallel.tower_sharding``),
+    """Tower t's tables on host t (table-, column- or row-wise over its ranks, ``parallel.tower_sharding``),
     exchanged by SPTT (DMT, Luo et al., MLSys 2024), which equals the flat all-to-all.
 
-    The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's);
-    the towers come from ``parallel.towers``, else strided over the hosts. Under 2D sparse
+    The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's),
+    seen as towers of ``parallel.hosts_per_tower`` hosts (``Topology.tower_topology``), so
+    ``self.topology``'s hosts are the towers; the towers come from ``parallel.towers``, else
+    strided over them. Under 2D sparse
     parallelism (``distrec.parallel.two_d``), SPTT runs inside each replica group: the
     topology is one group's hosts, with one tower per host of the group.
     """
@@ -29,7 +31,7 @@ class Sptt(Sharded):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         p = ctx.cfg.parallel
-        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host, p.replica_groups)
+        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host, p.replica_groups, p.hosts_per_tower)
         self._towers = resolve_towers([t.name for t in ctx.tables], p.towers, self.topology.hosts)
 
     @classmethod
@@ -40,7 +42,7 @@ class Sptt(Sharded):
     def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
         p = cfg.parallel
         if p.hosts is not None:  # else the hosts come from torchrun's environment
-            topology = run_topology(world_size, p.hosts, p.ranks_per_host, p.replica_groups)
+            topology = run_topology(world_size, p.hosts, p.ranks_per_host, p.replica_groups, p.hosts_per_tower)
             resolve_towers([t.name for t in tables], p.towers, topology.hosts)
         elif p.towers is not None:
             resolve_towers([t.name for t in tables], p.towers, None)
