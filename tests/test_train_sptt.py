@@ -14,7 +14,7 @@ from distrec.towers.partition import TowerPartition
 from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import train
 from multiprocess import run_distributed
-from tiny_runs import tiny_config, train_losses, train_on_rank
+from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
 STEPS = 18  # crosses an epoch: its last batch of 30 rows splits 8, 8, 7, 7 over 4 ranks
 
@@ -41,11 +41,29 @@ def test_sptt_training_on_2_hosts_x_2_ranks_equals_one_process(tmp_path):
     assert meta["world_size"] == 4
 
 
+@pytest.mark.slow  # about 85 s on the shared 2 cores: 4 processes and a one-process run
+def test_sptt_training_with_row_wise_towers_of_2_hosts_equals_one_process(tmp_path):
+    """4 hosts x 1 rank, 2 towers of 2 hosts, their tables split by rows (reduce-scatter at step (d))."""
+    single = tmp_path / "single"
+    train(_cfg(tmp_path), single, progress=False)
+    towers = tmp_path / "towers.json"
+    TowerPartition([["C4", "C1", "C3"], ["C2", "C5"]], "coherent", 1.5).save(towers)
+    run = tmp_path / "sptt"
+    cfg = _cfg(tmp_path, lookup="sptt", hosts=4, ranks_per_host=1, hosts_per_tower=2, tower_sharding="row_wise", towers=str(towers))
+    run_distributed(train_on_rank, 4, cfg, run)
+    assert train_losses(run) == pytest.approx(train_losses(single), abs=1e-5)
+    assert_same_parameters(trained_parameters(run), trained_parameters(single))
+    plan = json.loads((run / "plan.json").read_text())
+    ranks = {p["table"]: sorted(s["rank"] for s in p["shards"]) for p in plan["tables"]}
+    assert ranks == {"C1": [0, 1], "C3": [0, 1], "C4": [0, 1], "C2": [2, 3], "C5": [2, 3]}
+
+
 @pytest.mark.parametrize(
     "parallel,message",
     [
         (dict(lookup="sptt", sharding="row_wise"), "drop --embeddings local, --plan and --sharding"),
         (dict(lookup="sptt", hosts=2), "both --hosts and --ranks-per-host"),
+        (dict(lookup="sptt", hosts=2, ranks_per_host=2, hosts_per_tower=3), "--hosts-per-tower 3 must divide --hosts 2"),
         (dict(lookup="ring"), "parallel.lookup"),
     ],
 )
