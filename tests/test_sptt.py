@@ -14,7 +14,9 @@ from distrec.parallel.sptt import (
     sptt_exchange,
     to_peer_order,
 )
+from distrec.parallel.sptt_embedding import tower_plan
 from distrec.parallel.topology import Topology
+from distrec.tables import TableConfig
 
 DIM = 3
 LOCAL_BATCH = 2
@@ -220,3 +222,26 @@ def test_layout_from_towers_column_wise_gives_every_rank_of_a_host_all_its_featu
     assert blocks[index].view(2, 8).tolist() == [[0, 1, 2, 6, 7, 10, 11, 12], [3, 4, 5, 8, 9, 13, 14, 15]]
     with pytest.raises(DistrecError, match="at least 3 embedding columns"):
         FeatureLayout.from_towers(t, [[4, 0], [1, 3, 2]], "column_wise", dim=2)
+
+
+def test_tower_topology_makes_each_tower_of_k_hosts_one_host_of_its_ranks():
+    towers = Topology(hosts=4, ranks_per_host=2).tower_topology(2)
+    assert towers == Topology(hosts=2, ranks_per_host=4)
+    assert towers.host_ranks(1) == [4, 5, 6, 7] and towers.peers(5) == [1, 5]
+    assert Topology(3, 2).tower_topology(1) == Topology(3, 2)
+    for k in (0, 3):
+        with pytest.raises(DistrecError, match=f"--hosts-per-tower {k} must divide the 4 hosts"):
+            Topology(4, 1).tower_topology(k)
+
+
+def test_layout_row_wise_gives_every_rank_of_a_host_all_its_features_and_the_plan_splits_rows():
+    t = Topology(2, 3)
+    layout = FeatureLayout.from_towers(t, [[2, 0], [1]], "row_wise")
+    assert layout.row_wise and layout.features_of_rank == ((2, 0),) * 3 + ((1,),) * 3
+    assert layout.host_feature_counts() == [2, 1] and layout.widths(4) == [8, 8, 8, 4, 4, 4]
+    tables = [TableConfig("a", 10, 4), TableConfig("b", 2, 4), TableConfig("c", 7, 4)]  # b: rank 4 holds none of it
+    plan = tower_plan(tables, layout)
+    shards = {p.table: [(s.rank, s.row_start, s.row_end) for s in p.shards] for p in plan.tables}
+    assert {p.sharding for p in plan.tables} == {"row_wise"}
+    assert shards == {"a": [(0, 0, 3), (1, 3, 7), (2, 7, 10)], "b": [(3, 0, 1), (5, 1, 2)], "c": [(0, 0, 2), (1, 2, 5), (2, 5, 7)]}
+    plan.validate(tables)
