@@ -85,7 +85,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--lookup", choices=["flat", "sptt"], help="embedding exchange: flat all-to-all (default) or DMT's SPTT by host")
     dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
-    dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
+    dist_args.add_argument(
+        "--towers",
+        metavar="JSON",
+        help="with --lookup sptt: tower partition from 'distrec partition', one tower per host (per K hosts with --hosts-per-tower K)",
+    )
     dist_args.add_argument(
         "--tower-sharding",
         choices=["table_wise", "column_wise", "row_wise"],

@@ -141,9 +141,11 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         pooled = self.pool_global(pad_batch(batch, int(largest), len(self.tables)))
         t0 = time.perf_counter()
         out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, 1.0 / self.world_size, rows_in_peer_order=True)
-        # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives in (f)
+        # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives
+        # in (f), each unless skipped
+        topology = self.layout.topology
         self.stats.output_ms = (time.perf_counter() - t0) * 1e3
-        self.stats.output_bytes = (pooled.numel() + out.numel()) * out.element_size()
+        self.stats.output_bytes = (pooled.numel() * (topology.ranks_per_host > 1) + out.numel() * (topology.hosts > 1)) * out.element_size()
         return out[: batch.batch_size]
 
 
