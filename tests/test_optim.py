@@ -14,6 +14,8 @@ from distrec.models.build import build_model
 from distrec.tables import TableConfig
 from distrec.train import optim
 from distrec.train.optim import LazyAdam, RowWiseAdagrad, SparseSGD, coalesced_rows, make_optimizers
+from distrec.train.step import TrainStep
+from test_models import random_batch, single_hot_batch
 
 ROWS, DIM = 12, 5
 
@@ -199,3 +201,59 @@ def test_make_optimizers_rejects_unknown_names():
         make_optimizers(tiny_model(), "rmsprop", 0.1)
     with pytest.raises(DistrecError, match="train.embedding_optimizer"):
         make_optimizers(tiny_model(), "sgd", 0.1, embedding_name="lamb")
+
+
+@pytest.mark.parametrize("optimizer_cls", [SparseSGD, RowWiseAdagrad])
+@pytest.mark.parametrize("coalesce", [False, True], ids=["repeated-rows", "distinct-rows"])
+def test_one_pass_cpu_update_equals_the_torch_operators(optimizer_cls, coalesce):
+    """float32 CPU weights take distrec.kernels.row_updates; float64 the torch operators (the reference)."""
+    assert optim.fused_update(nn.Parameter(start_weight().float())) and not optim.fused_update(nn.Parameter(start_weight()))
+    grads = [sparse_grad(rows, seed) for seed, rows in enumerate(STEPS)]
+    grads = [g.coalesce() if coalesce else g for g in grads]
+    reference, reference_opt = run(optimizer_cls, grads, lr=0.3)
+    param = nn.Parameter(start_weight().float())
+    opt = optimizer_cls([param], lr=0.3)
+    for grad in grads:
+        param.grad = grad.float()
+        opt.step()
+    torch.testing.assert_close(param.detach(), reference.detach().float())
+    for key, value in reference_opt.state[reference].items():
+        torch.testing.assert_close(opt.state[param][key], value.float())
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("max_bag", [1, 4], ids=["single-hot", "multi-hot"])
+def test_update_in_backward_equals_backward_then_step(name, max_bag):
+    """The same steps, once with the rows updated in backward (no embedding gradient) and once from gradients in step."""
+    tables = [TableConfig("a", 9, 4), TableConfig("b", 13, 4)]
+    batches = [single_hot_batch(tables, 16, s) if max_bag == 1 else random_batch(tables, 16, 3, max_bag, s) for s in range(3)]
+    runs = []
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8]), 3, tables)
+        initial = model.embeddings.weight.detach().clone()
+        optimizers = make_optimizers(model, name, 0.1)
+        optimizers[-1].update_in_backward(in_backward)
+        step = TrainStep(model, optimizers)
+        for batch in batches:
+            step.backward(batch)
+            assert (model.embeddings.weight.grad is None) == in_backward
+            step.apply()
+        runs.append((model.embeddings.weight.detach().clone(), dict(optimizers[-1].state[model.embeddings.weight])))
+    (before, state_before), (fused, state_fused) = runs
+    assert not torch.equal(before, initial)
+    assert torch.equal(fused, before)
+    for key, value in state_before.items():
+        assert torch.equal(state_fused[key], value)
+
+
+def test_update_in_backward_leaves_weight_decay_and_other_devices_to_step():
+    model = tiny_model()
+    sparse = make_optimizers(model, "sgd", 0.1, embedding_weight_decay=0.01)[-1]
+    sparse.update_in_backward()
+    assert not hasattr(model.embeddings.weight, "update_rows_in_backward")
+    adam = make_optimizers(model, "adam", 0.1)[-1]
+    adam.update_in_backward()
+    assert not hasattr(model.embeddings.weight, "update_rows_in_backward")
+    make_optimizers(model, "sgd", 0.1)[-1].update_in_backward()
+    assert hasattr(model.embeddings.weight, "update_rows_in_backward")

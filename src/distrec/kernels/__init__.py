@@ -1,1 +1,1 @@
-"""Pure-PyTorch building blocks of the embedding hot path (no compiled extension)."""
+"""Building blocks of the embedding hot path: torch operators, and numba-compiled row updates for CPU weights."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +103,28 @@ def feature_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torc
     return bags_of_rows(rows, offsets)
 
 
+def group_by_row(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group entries by row: entry k belongs to row ``rows[k]`` (in [0, num_rows)).
+
+    Returns:
+        The distinct rows, sorted, int64 [U]; int64 [U + 1] bounds of each row's range of
+        the third result; int64 [nnz] entries in row order (the entries of distinct row u
+        are ``order[bounds[u]:bounds[u + 1]]``, in increasing order).
+
+    Example:
+        >>> group_by_row(torch.tensor([5, 2, 5]), num_rows=6)
+        (tensor([2, 5]), tensor([0, 1, 3]), tensor([1, 0, 2]))
+    """
+    # 32-bit keys sort about twice as fast as 64-bit ones on CPU; the sort is stable, so each
+    # row's entries stay in order
+    keys = rows.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else rows
+    sorted_keys, order = torch.sort(keys, stable=True)
+    unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+    bounds = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=bounds[1:])
+    return unique.long(), bounds, order
+
+
 def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_of_entry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group entries by row and sum their vectors: the coalescing of a sparse row gradient.
 
@@ -116,16 +138,39 @@ def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_o
         >>> sum_by_row(torch.tensor([5, 2, 5]), torch.tensor([[1.0], [2.0], [4.0]]), num_rows=6)
         (tensor([2, 5]), tensor([[2.], [5.]]))
     """
-    # 32-bit keys sort about twice as fast as 64-bit ones on CPU
-    keys = rows.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else rows
-    sorted_keys, order = torch.sort(keys)
-    unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    bounds = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=bounds[1:])
+    unique, bounds, order = group_by_row(rows, num_rows)
     picks = order if source_of_entry is None else source_of_entry[order]
     # a sum over each row's entries is a sum pooling of bags: embedding_bag's kernel does it
     # about 2x faster on CPU than Tensor.coalesce() or unique + index_add_
-    return unique.long(), F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
+    return unique, F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
+
+
+class RowUpdate(Protocol):
+    """An optimizer step on a weight's rows, from their gradient entries (see ``update_rows_in_backward``)."""
+
+    def __call__(self, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update distinct rows int64 [U] of the weight; row u's gradient is the sum of
+        ``grad[picks[k]]`` [*, D] for k in [bounds[u], bounds[u + 1])."""
+        ...
+
+
+ROW_UPDATE = "update_rows_in_backward"
+"""The attribute of a weight holding its ``RowUpdate`` while the update is applied in backward."""
+
+
+def update_rows_in_backward(weight: nn.Parameter, update: RowUpdate | None) -> None:
+    """Have ``pool_sum``'s backward apply ``update`` to ``weight``'s looked-up rows instead of
+    making its gradient (the optimizer step fused into backward, as FBGEMM's kernels do:
+    no [rows, D] gradient is ever made); None makes gradients again.
+
+    Only for a weight whose gradient nothing else reads between backward and the optimizer
+    step (no all-reduce of its rows, no gradient accumulated over several backward passes).
+    """
+    if update is None:
+        if hasattr(weight, ROW_UPDATE):
+            delattr(weight, ROW_UPDATE)
+    else:
+        setattr(weight, ROW_UPDATE, update)
 
 
 class _SumPooling(torch.autograd.Function):
@@ -134,19 +179,26 @@ class _SumPooling(torch.autograd.Function):
     With one row per bag (single-hot features) the gradient has one entry per lookup, the
     output gradient itself (no copy, uncoalesced). With multi-row bags it is coalesced
     right away (one entry per distinct row), which is smaller than one entry per lookup
-    and is what the row-wise optimizers need anyway.
+    and is what the row-wise optimizers need anyway. A weight with a ``RowUpdate``
+    (``update_rows_in_backward``) gets no gradient: its rows are updated from the grouped
+    output gradient instead.
     """
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, bags: Bags) -> torch.Tensor:
         ctx.bags = bags
         ctx.weight_shape = weight.shape
+        ctx.update = getattr(weight, ROW_UPDATE, None)
         return F.embedding_bag(bags.rows, weight, bags.offsets, mode="sum", include_last_offset=True)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         bags: Bags = ctx.bags
         grad = grad.contiguous()
+        if ctx.update is not None:
+            rows, bounds, order = group_by_row(bags.rows, ctx.weight_shape[0])
+            ctx.update(rows, bounds, order if bags.bag_of_row is None else bags.bag_of_row[order], grad)
+            return None, None
         if bags.bag_of_row is None:
             rows, values = bags.rows, grad
         else:
@@ -158,7 +210,8 @@ class _SumPooling(torch.autograd.Function):
 
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
     """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D]. The gradient of ``weight``
-    is sparse COO (one entry per lookup for single-row bags, else one per distinct row)."""
+    is sparse COO (one entry per lookup for single-row bags, else one per distinct row), or
+    none when its rows are updated in backward (``update_rows_in_backward``)."""
     return _SumPooling.apply(weight, bags)
 
 

@@ -49,11 +49,20 @@ class BlockMode(ParallelMode):
 
     def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
         """Forward and backward through ``module``, then the dense, tower and sparse optimizers
-        of ``cfg.train`` and their schedulers, with ``gradient_sync`` in between."""
+        of ``cfg.train`` and their schedulers, with ``gradient_sync`` in between.
+
+        Without a gradient sync nothing reads the embedding gradients, so the sparse
+        optimizer steps the rows in backward (``SparseRowOptimizer.update_in_backward``).
+        """
         t = self.ctx.cfg.train
         optimizers = make_optimizers(model, t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr, t.weight_decay, t.embedding_weight_decay)
         schedulers = make_schedulers(optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.ctx.total_steps)
-        return TrainStep(module, optimizers, schedulers, timer=self.ctx.timer, sync_gradients=self.gradient_sync(model))
+        sync = self.gradient_sync(model)
+        if sync is None:
+            for optimizer in optimizers:
+                if isinstance(optimizer, SparseRowOptimizer):
+                    optimizer.update_in_backward()
+        return TrainStep(module, optimizers, schedulers, timer=self.ctx.timer, sync_gradients=sync)
 
     def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
         """What to run between backward and the optimizers (e.g. all-reduce replicated rows)."""

@@ -7,4 +7,5 @@
 - one iteration of flat, SPTT, DMT, 2D and DMT x 2D (``predict``, ``predict_two_d``) -> ``iteration``
 - weak scaling over cluster sizes, the fastest 2D replica groups per size -> ``scaling``
 - link parameters fitted to measured exchanges -> ``calibrate``; tables and plots -> ``report``
+- the DMT paper's reported speedups against the simulated ones -> ``paper_speedups``
 """

@@ -1,18 +1,21 @@
 """The cluster the simulator predicts for: GPUs in hosts, two kinds of links, peak compute.
 
-Hardware presets (per GPU; bandwidths one direction). The DMT paper (Luo et al., MLSys 2024,
-Table 1) compares V100, A100 and H100 clusters by peak FLOP/s, scale-up (intra-host) and
-scale-out (cross-host) bandwidth per GPU; its table could not be retrieved here, so the
-values below are the vendors' public specifications of the same generations:
+Hardware presets (per GPU; bandwidths one direction). The DMT paper (Luo et al.,
+"Disaggregated Multi-Tower", MLSys 2024, arXiv 2403.00877, Table 1) compares V100, A100 and
+H100 clusters by peak FLOP/s, scale-up (intra-host) and scale-out (cross-host) bandwidth:
 
-- peak FLOP/s: dense FP16/BF16 tensor-core peak from NVIDIA's V100 SXM2, A100 SXM4 and
-  H100 SXM5 datasheets (125, 312, 989 TFLOP/s);
+- peak FLOP/s: the paper's Table 1 values for V100 (15.7 TFLOP/s, FP32) and A100 (156, TF32
+  dense), as quoted in distrec issue #21; the stored copy of the paper reachable here holds
+  only its title, abstract and first lines, so the table's H100 and bandwidth entries could
+  not be read: H100 takes the same precision class from NVIDIA's H100 SXM5 datasheet (TF32
+  989 TFLOP/s with sparsity, 495 dense), and the bandwidths below are the vendors';
 - scale-up: NVLink 2/3/4 per-GPU bandwidth (300, 600, 900 GB/s both directions, NVIDIA
   datasheets), halved to one direction;
 - scale-out: one NIC per GPU of 100, 200 (HDR, DGX A100) and 400 Gbit/s (NDR, DGX H100).
 
 Link latencies and efficiencies are assumptions of this model, meant to be replaced by
-``distrec.sim.calibrate.fit_link`` on measurements.
+``distrec.sim.calibrate.fit_link`` on measurements; the compute efficiency is one value for
+every preset (not fitted to any result).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ SCALE_UP_LATENCY_S = 5e-6
 SCALE_OUT_LATENCY_S = 15e-6
 # Fraction of the nominal link bandwidth collectives reach (assumed; calibrate).
 LINK_EFFICIENCY = 0.8
-# Fraction of peak FLOP/s the dense layers reach (assumed; recommendation MLPs are small).
+# Fraction of peak FLOP/s the dense layers reach, the same for every preset (assumed; recommendation MLPs
+# are small GEMMs, far from the large-matrix peak).
 COMPUTE_EFFICIENCY = 0.3
 
 # How the cluster's collective library all-reduces (see ``distrec.sim.collectives.all_reduce``).
@@ -47,9 +51,9 @@ class Hardware:
 
 
 HARDWARE: dict[str, Hardware] = {
-    "V100": Hardware("V100", peak_flops=125e12, scale_up_bandwidth=150e9, scale_out_bandwidth=12.5e9),
-    "A100": Hardware("A100", peak_flops=312e12, scale_up_bandwidth=300e9, scale_out_bandwidth=25e9),
-    "H100": Hardware("H100", peak_flops=989e12, scale_up_bandwidth=450e9, scale_out_bandwidth=50e9),
+    "V100": Hardware("V100", peak_flops=15.7e12, scale_up_bandwidth=150e9, scale_out_bandwidth=12.5e9),
+    "A100": Hardware("A100", peak_flops=156e12, scale_up_bandwidth=300e9, scale_out_bandwidth=25e9),
+    "H100": Hardware("H100", peak_flops=495e12, scale_up_bandwidth=450e9, scale_out_bandwidth=50e9),
 }
 
 

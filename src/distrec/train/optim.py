@@ -8,8 +8,10 @@ only the rows that occur; their state is a plain tensor per parameter, so ``stat
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Iterator
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ from torch.optim import Optimizer
 from distrec.errors import DistrecError
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
-from distrec.models.embedding import sum_by_row
+from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
 
@@ -56,6 +58,29 @@ def coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (rows, values) if has_distinct_rows(grad) else sum_by_row(rows, values, grad.shape[0])
 
 
+def row_grouping(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct rows of a sparse row gradient [U], sorted, with the bounds [U + 1] of each
+    row's range of entries and the entries [nnz] in row order (``group_by_row``)."""
+    rows = gradient_rows(grad)[0]
+    if has_distinct_rows(grad):  # entry u is row u's
+        return rows, torch.arange(rows.numel() + 1, device=rows.device), torch.arange(rows.numel(), device=rows.device)
+    return group_by_row(rows, grad.shape[0])
+
+
+def row_updates() -> ModuleType:
+    """``distrec.kernels.row_updates``, imported on first use: numba adds about a second to the
+    start of every process, and evaluation or planning never needs it."""
+    from distrec.kernels import row_updates as kernels
+
+    return kernels
+
+
+def fused_update(param: torch.Tensor) -> bool:
+    """Whether ``param``'s rows are updated by the one-pass kernels (``distrec.kernels.row_updates``):
+    float32 weights on the CPU; other devices and types take the torch operators."""
+    return param.device.type == "cpu" and param.dtype == torch.float32
+
+
 def row_blocks(rows: torch.Tensor, values: torch.Tensor, size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Consecutive slices of ``size`` (default ``ROWS_PER_BLOCK``) entries of (rows [n], values [n, D]) (views)."""
     size = size or ROWS_PER_BLOCK
@@ -88,7 +113,37 @@ class SparseRowOptimizer(Optimizer):
 
     Every sparse optimizer takes ``weight_decay`` (default 0): an L2 penalty on the touched
     rows, added to their gradient (see ``with_row_weight_decay``).
+
+    Those with a one-pass kernel (``update_rows``) can also step in backward
+    (``update_in_backward``): float32 CPU weights without weight decay then get no gradient,
+    and ``step`` has nothing left to do for them.
     """
+
+    fuses_rows: bool = False
+    """Whether ``update_rows`` exists (a one-pass kernel of ``distrec.kernels.row_updates``)."""
+
+    def update_rows(
+        self, param: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor, group: dict, state: dict
+    ) -> None:
+        """One step on distinct ``rows`` of ``param`` whose gradients are grouped sums of ``grad`` rows (``RowUpdate``)."""
+        raise NotImplementedError
+
+    def update_in_backward(self, enable: bool = True) -> None:
+        """Step every float32 CPU parameter without weight decay during backward (``pool_sum``'s),
+        from its grouped output gradient, instead of from a gradient in ``step``; ``enable=False`` undoes it.
+
+        The result equals backward then ``step``; only call it when nothing reads or
+        accumulates the embedding gradients in between (see ``update_rows_in_backward``).
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                fused = enable and self.fuses_rows and not group["weight_decay"] and fused_update(p)
+                update_rows_in_backward(p, functools.partial(self._update_in_backward, p) if fused else None)
+
+    @torch.no_grad()
+    def _update_in_backward(self, param: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
+        group = next(g for g in self.param_groups if any(q is param for q in g["params"]))  # looked up now: load_state_dict replaces groups
+        self.update_rows(param, rows, bounds, picks, grad, group, self.state[param])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -123,7 +178,15 @@ class SparseSGD(SparseRowOptimizer):
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 0.01, weight_decay: float = 0.0) -> None:
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
 
+    fuses_rows = True
+
+    def update_rows(self, param, rows, bounds, picks, grad, group, state):
+        row_updates().sgd_rows(param, rows, bounds, picks, grad, group["lr"])
+
     def update(self, param, grad, group, state):
+        if fused_update(param):
+            self.update_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group, state)
+            return
         entries = gradient_rows(grad)
         # index_add_ without alpha takes the vectorised path; with alpha it is ~7x slower on CPU
         if has_distinct_rows(grad):  # scattered by all threads
@@ -156,10 +219,23 @@ class RowWiseAdagrad(SparseRowOptimizer):
         defaults = dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value, weight_decay=weight_decay)
         super().__init__(params, defaults)
 
-    def update(self, param, grad, group, state):
+    fuses_rows = True
+
+    @staticmethod
+    def accumulator(param: torch.Tensor, group: dict, state: dict) -> torch.Tensor:
+        """The row accumulator of ``param`` (made at its first step)."""
         if not state:
             state["sum"] = torch.full((param.shape[0],), group["initial_accumulator_value"], dtype=param.dtype, device=param.device)
-        accumulator = state["sum"]
+        return state["sum"]
+
+    def update_rows(self, param, rows, bounds, picks, grad, group, state):
+        row_updates().rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
+
+    def update(self, param, grad, group, state):
+        if fused_update(param):
+            self.update_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group, state)
+            return
+        accumulator = self.accumulator(param, group, state)
         for rows, g in row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK):
             add_to_distinct_rows(accumulator, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
             scale = accumulator.index_select(0, rows).sqrt_().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
