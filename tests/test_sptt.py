@@ -14,7 +14,7 @@ from distrec.parallel.sptt import (
     sptt_exchange,
     to_peer_order,
 )
-from distrec.parallel.sptt_embedding import tower_plan
+from distrec.parallel.sptt_embedding import run_topology, tower_plan
 from distrec.parallel.topology import Topology
 from distrec.tables import TableConfig
 
@@ -245,3 +245,10 @@ def test_layout_row_wise_gives_every_rank_of_a_host_all_its_features_and_the_pla
     assert {p.sharding for p in plan.tables} == {"row_wise"}
     assert shards == {"a": [(0, 0, 3), (1, 3, 7), (2, 7, 10)], "b": [(3, 0, 1), (5, 1, 2)], "c": [(0, 0, 2), (1, 2, 5), (2, 5, 7)]}
     plan.validate(tables)
+
+
+def test_run_topology_takes_towers_of_k_hosts_within_a_replica_group():
+    assert run_topology(8, hosts=4, ranks_per_host=2, hosts_per_tower=2) == Topology(2, 4)
+    assert run_topology(8, hosts=4, ranks_per_host=2, replica_groups=2, hosts_per_tower=2) == Topology(1, 4)
+    with pytest.raises(DistrecError, match="--hosts-per-tower 2 must divide the 1 hosts"):
+        run_topology(4, hosts=2, ranks_per_host=2, replica_groups=2, hosts_per_tower=2)
