@@ -55,14 +55,14 @@ def _blocks(module):
         yield u, module.weights[module.unit_group[k]], module.unit_base[k]
 
 
-def _layout(world: int, hosts: int, sharding: str, hosts_per_tower: int) -> FeatureLayout:
+def _layout(world: int, hosts: int, sharding: str, hosts_per_tower: int, row_wise: tuple[int, ...] = ()) -> FeatureLayout:
     """The towers of ``TOWERS``, K hosts per tower, on the topology of towers."""
     towers = merged_towers(TOWERS[(hosts, world // hosts)], hosts_per_tower)
-    return FeatureLayout.from_towers(Topology(hosts, world // hosts).tower_topology(hosts_per_tower), towers, sharding, DIM)
+    return FeatureLayout.from_towers(Topology(hosts, world // hosts).tower_topology(hosts_per_tower), towers, sharding, DIM, row_wise)
 
 
-def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str, hosts_per_tower: int = 1) -> None:
-    layout = _layout(world, hosts, sharding, hosts_per_tower)
+def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str, hosts_per_tower: int = 1, row_wise: tuple[int, ...] = ()) -> None:
+    layout = _layout(world, hosts, sharding, hosts_per_tower, row_wise)
     topology = layout.topology
     groups = topology.build_groups()
     torch.manual_seed(0)
@@ -81,7 +81,7 @@ def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str, hosts
         flat = ShardedEmbeddingBagCollection.from_full_weights(TABLES, tower_plan(TABLES, layout), full)
         modules.insert(0, ("flat", flat))
     for name, module in modules:
-        name = f"{name} {sharding} K={hosts_per_tower} max_bag={max_bag}"
+        name = f"{name} {sharding} K={hosts_per_tower} row-wise {row_wise} max_bag={max_bag}"
         out = module(local)
         torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6, msg=lambda m: f"{name} values: {m}")
         # local-mean losses: world x the global gradient, which the exchanges scale back
@@ -121,6 +121,7 @@ def _run_both(rank: int, world: int, hosts: int) -> None:
         for max_bag in (1, 4):  # single-hot, multi-hot
             _check(rank, world, hosts, max_bag, sharding)
         _check_uneven(rank, world, hosts, sharding)
+    _check(rank, world, hosts, 4, "table_wise", row_wise=(0, 4))  # the two largest tables by rows
     if hosts % 2 == 0:  # towers of 2 hosts
         _check(rank, world, hosts, 1, "table_wise", hosts_per_tower=2)
         _check(rank, world, hosts, 4, "row_wise", hosts_per_tower=2)

@@ -14,7 +14,7 @@ from distrec.parallel.sptt import (
     sptt_exchange,
     to_peer_order,
 )
-from distrec.parallel.sptt_embedding import run_topology, tower_plan
+from distrec.parallel.sptt_embedding import run_topology, tower_layout, tower_plan
 from distrec.parallel.topology import Topology
 from distrec.tables import TableConfig
 
@@ -99,16 +99,17 @@ def _tower_module(host: int, num_features: int) -> nn.Module:
 
 
 def _reference(layout, inputs, upstream, modules):
-    """Outputs and gradients computed on the whole batch in one process (row-wise: the sum of
-    the host's partial sums)."""
+    """Outputs and gradients computed on the whole batch in one process (row-wise features:
+    the sum of the host's partial sums)."""
     leaves = [x.clone().requires_grad_() for x in inputs]
     t = layout.topology
-    if layout.row_wise:
+    by_host = []  # each host's features in host_features order
+    for h in range(t.hosts):
+        shared = len(layout.host_row_wise_features(h))
+        whole = [leaves[g][:, : leaves[g].shape[1] - shared] for g in t.host_ranks(h)]
         # a sum, not stack(...).sum(0): the leaves' .grad from a stack alias each other in torch 2.13
-        full = torch.cat([sum(leaves[g] for g in t.host_ranks(h)) for h in range(t.hosts)], dim=1)
-    else:
-        full = torch.cat(leaves, dim=1)
-    full = full.index_select(1, layout.global_index())
+        by_host += whole + ([sum(leaves[g][:, leaves[g].shape[1] - shared :] for g in t.host_ranks(h))] if shared else [])
+    full = torch.cat(by_host, dim=1).index_select(1, layout.global_index())
     towers = [layout.host_features(h) for h in range(len(modules))]
     outs = []
     for r, grad in enumerate(upstream):
@@ -133,30 +134,34 @@ def merged_towers(towers: list[list[int]], hosts_per_tower: int) -> list[list[in
     return [sum(towers[i : i + hosts_per_tower], []) for i in range(0, len(towers), hosts_per_tower)]
 
 
+MIXED = (0, 4, 8)  # row-wise features among table-wise ones
+
+
 def _variants(hosts):
-    """(tower sharding, hosts per tower): every K dividing the hosts, table- and row-wise."""
-    return [(sharding, k) for k in range(1, hosts + 1) if hosts % k == 0 for sharding in ("table_wise", "row_wise")]
+    """(tower sharding, hosts per tower, row-wise features): every K dividing the hosts,
+    table- and row-wise; and table-wise with the features MIXED row-wise."""
+    uniform = [(sharding, k, ()) for k in range(1, hosts + 1) if hosts % k == 0 for sharding in ("table_wise", "row_wise")]
+    return uniform + [("table_wise", 1, MIXED)]
 
 
 def _check_exchanges(rank, hosts, ranks_per_host, towers, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=hosts * ranks_per_host)
     try:
-        for sharding, k in _variants(hosts):
-            _check_variant(
-                rank, Topology(hosts, ranks_per_host).tower_topology(k), merged_towers(towers, k), sharding, f"{hosts}x{ranks_per_host} K={k} {sharding}"
-            )
+        for sharding, k, row_wise in _variants(hosts):
+            where = f"{hosts}x{ranks_per_host} K={k} {sharding} row-wise {row_wise}"
+            _check_variant(rank, Topology(hosts, ranks_per_host).tower_topology(k), merged_towers(towers, k), sharding, row_wise, where)
     finally:
         dist.destroy_process_group()
 
 
-def _check_variant(rank, t, towers, sharding, config):
+def _check_variant(rank, t, towers, sharding, row_wise, config):
     """SPTT on topology ``t`` (hosts = towers) equals the flat exchange and the one-process reference."""
     groups = t.build_groups()
     assert dist.get_process_group_ranks(groups.intra_host) == t.host_ranks(t.host(rank))
     assert dist.get_process_group_ranks(groups.cross_host) == t.peers(rank)
-    layout = FeatureLayout.from_towers(t, towers, sharding)
+    layout = FeatureLayout.from_towers(t, towers, sharding, row_wise=row_wise)
     # reduce-scatter may add 3 or more partial sums in another order than the reference
-    exact = dict(rtol=0, atol=0) if sharding != "row_wise" or t.ranks_per_host < 3 else {}
+    exact = dict(rtol=0, atol=0) if not layout.row_wise_features or t.ranks_per_host < 3 else {}
     gen = torch.Generator().manual_seed(7)
     global_rows = t.world_size * LOCAL_BATCH
     inputs = [torch.randn(global_rows, count, DIM, generator=gen) for count in layout.feature_counts]
@@ -237,7 +242,7 @@ def test_tower_topology_makes_each_tower_of_k_hosts_one_host_of_its_ranks():
 def test_layout_row_wise_gives_every_rank_of_a_host_all_its_features_and_the_plan_splits_rows():
     t = Topology(2, 3)
     layout = FeatureLayout.from_towers(t, [[2, 0], [1]], "row_wise")
-    assert layout.row_wise and layout.features_of_rank == ((2, 0),) * 3 + ((1,),) * 3
+    assert layout.row_wise_features == {0, 1, 2} and layout.features_of_rank == ((2, 0),) * 3 + ((1,),) * 3
     assert layout.host_feature_counts() == [2, 1] and layout.widths(4) == [8, 8, 8, 4, 4, 4]
     tables = [TableConfig("a", 10, 4), TableConfig("b", 2, 4), TableConfig("c", 7, 4)]  # b: rank 4 holds none of it
     plan = tower_plan(tables, layout)
@@ -252,3 +257,16 @@ def test_run_topology_takes_towers_of_k_hosts_within_a_replica_group():
     assert run_topology(8, hosts=4, ranks_per_host=2, replica_groups=2, hosts_per_tower=2) == Topology(1, 4)
     with pytest.raises(DistrecError, match="--hosts-per-tower 2 must divide the 1 hosts"):
         run_topology(4, hosts=2, ranks_per_host=2, replica_groups=2, hosts_per_tower=2)
+
+
+def test_tower_layout_splits_by_rows_only_the_tables_no_rank_can_hold():
+    t = Topology(2, 2)
+    tables = [TableConfig("a", 1000, 4), TableConfig("b", 10, 4), TableConfig("c", 10, 4), TableConfig("d", 500, 4)]  # 16000, 160, 160, 8000 B
+    layout = tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise", memory_per_rank=9000)
+    assert layout.row_wise_features == {0}
+    assert layout.features_of_rank == ((1, 0), (0,), (2,), (3,)) and layout.host_features(0) == [1, 0]
+    assert [p.sharding for p in tower_plan(tables, layout).tables] == ["row_wise", "table_wise", "table_wise", "table_wise"]
+    with pytest.raises(DistrecError, match="MiB limit"):  # half of a is 8000 B
+        tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise", memory_per_rank=5000)
+    with pytest.raises(DistrecError, match="column-wise towers cannot also split tables by rows"):
+        tower_layout(tables, t, [[0, 1], [2, 3]], "column_wise", memory_per_rank=9000)

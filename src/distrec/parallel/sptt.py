@@ -29,8 +29,9 @@ up to the order in which the partial sums are added):
 
 - a tower spanning K hosts: run on ``Topology.tower_topology(K)``, whose "hosts" are the
   towers; everything below then reads "tower" for "host";
-- row-wise towers: step (d) is a reduce-scatter of the partial sums inside the host
-  (``differentiable_reduce_scatter``) instead of an all-to-all;
+- row-wise tables (all of a tower's, or only the large ones, ``row_wise_features``): step
+  (d) adds up their partial sums with a reduce-scatter inside the host
+  (``differentiable_reduce_scatter``), the other features still go by the all-to-all;
 - one rank per host: (c) and (d) are identities and are skipped; one host: (f) is skipped;
 - ``rows_in_peer_order``: the caller pooled its rows in peer order already (the SPTT module
   does so while pooling), so (c) is skipped.
@@ -69,15 +70,16 @@ class FeatureLayout:
         columns_of_rank: column-wise only: for each rank, the range ``[start, end)`` of the
             embedding columns it pools (the host's ranks' ranges tile ``[0, D)``); None when
             every rank pools whole features.
-        row_wise: every rank of a host pools all of its tower's features over a range of the
-            tables' rows (``distrec.parallel.sptt_embedding.tower_plan`` picks the ranges), so
-            its pooled vectors are partial sums that step (d) adds up.
+        row_wise_features: the features whose tables are split by rows over their host's
+            ranks (``distrec.parallel.sptt_embedding.tower_plan`` picks the ranges): every
+            rank of the host pools them, after its other features, as partial sums that step
+            (d) adds up. Not with column-wise towers.
     """
 
     topology: Topology
     features_of_rank: tuple[tuple[int, ...], ...]
     columns_of_rank: tuple[tuple[int, int], ...] | None = None
-    row_wise: bool = False
+    row_wise_features: frozenset[int] = frozenset()
     _index_by_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,17 +87,19 @@ class FeatureLayout:
             raise DistrecError(
                 f"feature layout lists {len(self.features_of_rank)} ranks but the topology has {self.topology.world_size}; build it for this topology"
             )
-        order = self.exchange_order
-        if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != len(order) * (
-            1 if self.columns_of_rank is None and not self.row_wise else self.topology.ranks_per_host
-        ):
+        order, L = self.exchange_order, self.topology.ranks_per_host
+        placed = len(order) * L if self.columns_of_rank is not None else len(order) + (L - 1) * len(self.row_wise_features)
+        if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != placed:
             raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank (or host); fix the towers")
 
     @classmethod
-    def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None) -> FeatureLayout:
+    def from_towers(
+        cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None, row_wise: Sequence[int] = ()
+    ) -> FeatureLayout:
         """Tower t on host t, split over the host's ranks ``table_wise`` (contiguous runs of
         features), ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns) or
-        ``row_wise`` (ranges of the rows, every rank pooling all of the tower's features)."""
+        ``row_wise`` (ranges of the rows, every rank pooling all of the tower's features);
+        with table-wise towers, the features ``row_wise`` (large tables) are split by rows."""
         if sharding not in TOWER_SHARDINGS:
             raise DistrecError(f"tower sharding {sharding!r} is unknown; choose one of: {', '.join(TOWER_SHARDINGS)}")
         if len(towers) != topology.hosts:
@@ -105,6 +109,8 @@ class FeatureLayout:
         if any(len(tower) == 0 for tower in towers):
             raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
         if sharding == "column_wise":
+            if row_wise:
+                raise DistrecError("column-wise towers cannot also split tables by rows; use --tower-sharding table_wise or row_wise")
             L = topology.ranks_per_host
             if dim is None or dim < L:
                 raise DistrecError(
@@ -114,10 +120,13 @@ class FeatureLayout:
             cuts = [round(dim * l / L) for l in range(L + 1)]
             features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
             return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
-        if sharding == "row_wise":
-            return cls(topology, tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(topology.ranks_per_host)), row_wise=True)
-        runs = [tuple(int(f) for f in run) for tower in towers for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)]
-        return cls(topology, tuple(runs))
+        split = frozenset(int(f) for tower in towers for f in tower) if sharding == "row_wise" else frozenset(int(f) for f in row_wise)
+        ranks = []
+        for tower in towers:
+            whole = np.asarray([f for f in tower if f not in split], dtype=np.int64)
+            shared = tuple(int(f) for f in tower if f in split)
+            ranks += [tuple(int(f) for f in run) + shared for run in np.array_split(whole, topology.ranks_per_host)]
+        return cls(topology, tuple(ranks), row_wise_features=split)
 
     @property
     def num_features(self) -> int:
@@ -163,8 +172,13 @@ class FeatureLayout:
         return [len(f) for f in self.features_of_rank]
 
     def host_features(self, host: int) -> list[int]:
-        """The features of ``host``'s tower, in the order its ranks hold them."""
-        return list(dict.fromkeys(f for r in self.topology.host_ranks(host) for f in self.features_of_rank[r]))
+        """The features of ``host``'s tower, in the order its ranks hold them, the row-wise ones last."""
+        whole = (f for r in self.topology.host_ranks(host) for f in self.features_of_rank[r] if f not in self.row_wise_features)
+        return list(dict.fromkeys(whole)) + self.host_row_wise_features(host)
+
+    def host_row_wise_features(self, host: int) -> list[int]:
+        """The row-wise features of ``host``'s tower, the last columns of each of its ranks' pooled tensors."""
+        return [f for f in self.features_of_rank[self.topology.rank(host, 0)] if f in self.row_wise_features]
 
     def host_feature_counts(self) -> list[int]:
         """Features of each host's tower (F_host)."""
@@ -239,9 +253,13 @@ def flat_exchange(pooled: torch.Tensor, layout: FeatureLayout, rank: int, group:
     send_splits = [b * pooled[0].numel()] * layout.topology.world_size
     recv = differentiable_all_to_all(pooled.reshape(-1), [b * w for w in widths], send_splits, group)
     columns = blocks_to_columns(recv, b, widths)
-    if layout.row_wise:  # add up the partial sums of each host's ranks
-        parts = columns.split(widths, dim=1)
-        columns = torch.cat([torch.stack([parts[r] for r in layout.topology.host_ranks(h)]).sum(0) for h in range(layout.topology.hosts)], dim=1)
+    if layout.row_wise_features:  # by host: the whole features by rank, then the sum of the row-wise partial sums
+        parts, by_host = columns.split(widths, dim=1), []
+        for h in range(layout.topology.hosts):
+            ranks, shared = layout.topology.host_ranks(h), len(layout.host_row_wise_features(h)) * dim
+            by_host += [parts[r][:, : widths[r] - shared] for r in ranks]
+            by_host += [torch.stack([parts[r][:, widths[r] - shared :] for r in ranks]).sum(0)] if shared else []
+        columns = torch.cat(by_host, dim=1)
     columns = _in_feature_order(columns, layout, range(layout.topology.world_size), dim)
     return to_global_order(columns.view(b, -1, dim), layout)
 
@@ -282,13 +300,8 @@ def sptt_exchange(
     send = pooled if rows_in_peer_order else to_peer_order(pooled, topology)
     if topology.ranks_per_host == 1:  # both are identities
         tower = _ScaleGrad.apply(send.reshape(peer_rows, -1), grad_scale)
-    elif layout.row_wise:  # partial sums of the same features on every rank of the host
-        tower = differentiable_reduce_scatter(send.reshape(-1), groups.intra_host, grad_scale).view(peer_rows, -1)
     else:
-        source_widths = [layout.widths(dim)[r] for r in topology.host_ranks(host)]
-        send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
-        recv = differentiable_all_to_all(send.reshape(-1), [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale)
-        tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
+        tower = _exchange_in_host(send, layout, groups, peer_rows, dim, grad_scale)
     # (e)
     if tower_module is None:
         tower_out, out_widths = tower, [f * dim for f in layout.host_feature_counts()]
@@ -306,6 +319,28 @@ def sptt_exchange(
         recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
         out = blocks_to_columns(recv, b, out_widths)
     return out if tower_module is not None else to_global_order(out.view(b, -1, dim), layout)
+
+
+def _exchange_in_host(send: torch.Tensor, layout: FeatureLayout, groups: TopologyGroups, peer_rows: int, dim: int, grad_scale: float) -> torch.Tensor:
+    """Step (d) on the peer-ordered ``send`` [B, F_rank, D_rank]: an all-to-all of the whole
+    (or column-split) features, a reduce-scatter of the row-wise partial sums (the last
+    columns, the same features on every rank of the host); returns the host's tower for this
+    rank's peers' samples, ``[H*b, F_host * D]`` in ``host_features`` order."""
+    topology = layout.topology
+    ranks = topology.host_ranks(topology.host(groups.rank))
+    shared = len(layout.host_row_wise_features(topology.host(groups.rank)))
+    whole = send.shape[1] - shared
+    parts = []
+    widths = [layout.widths(dim)[r] - shared * dim for r in ranks]
+    if any(widths):
+        own = send if shared == 0 else send[:, :whole]
+        send_splits = [peer_rows * own[0].numel()] * topology.ranks_per_host
+        recv = differentiable_all_to_all(own.reshape(-1), [peer_rows * w for w in widths], send_splits, groups.intra_host, grad_scale)
+        parts.append(_in_feature_order(blocks_to_columns(recv, peer_rows, widths), layout, ranks, dim))
+    if shared:
+        partial = send if whole == 0 else send[:, whole:]
+        parts.append(differentiable_reduce_scatter(partial.reshape(-1), groups.intra_host, grad_scale).view(peer_rows, -1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 class _ScaleGrad(torch.autograd.Function):

@@ -47,7 +47,7 @@ def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> Sharding
     """The plan that puts table f on the rank(s) of ``layout`` that pool feature f: table-wise,
     column-wise over its host's ranks when the layout splits columns, or row-wise over them in
     contiguous, balanced row ranges when it splits rows (a table with fewer rows than the host
-    has ranks leaves the last ranks without a shard of it)."""
+    has ranks leaves some of them without a shard of it)."""
     shards: dict[int, list[Shard]] = {f: [] for f in range(len(tables))}
     holders: dict[int, list[int]] = {f: [] for f in range(len(tables))}
     for rank, features in enumerate(layout.features_of_rank):
@@ -56,17 +56,17 @@ def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> Sharding
     for f, ranks in holders.items():
         rows, dim = tables[f].num_rows, tables[f].dim
         for l, rank in enumerate(ranks):
-            if layout.row_wise:
+            if f in layout.row_wise_features:
                 start, end = round(rows * l / len(ranks)), round(rows * (l + 1) / len(ranks))
                 shards[f] += [Shard(rank, start, end, 0, dim)] if end > start else []
             else:
                 start, end = layout.columns_of_rank[rank] if layout.columns_of_rank is not None else (0, dim)
                 shards[f].append(Shard(rank, 0, rows, start, end))
-    kind = "row_wise" if layout.row_wise else "column_wise"
-    return ShardingPlan(
-        layout.topology.world_size,
-        [TablePlacement(t.name, kind if layout.row_wise or len(shards[f]) > 1 else "table_wise", shards[f]) for f, t in enumerate(tables)],
-    )
+
+    def kind(f: int) -> str:
+        return "row_wise" if f in layout.row_wise_features else "column_wise" if len(shards[f]) > 1 else "table_wise"
+
+    return ShardingPlan(layout.topology.world_size, [TablePlacement(t.name, kind(f), shards[f]) for f, t in enumerate(tables)])
 
 
 class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
@@ -182,6 +182,19 @@ def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int 
     return Topology(topology.hosts // replica_groups, topology.ranks_per_host).tower_topology(hosts_per_tower)
 
 
+def tower_layout(
+    tables: list[TableConfig], topology: Topology, towers: Sequence[Sequence[int]], sharding: str, memory_per_rank: int | None = None
+) -> FeatureLayout:
+    """The layout of ``towers`` on ``topology`` split ``sharding`` over each host's ranks;
+    with ``memory_per_rank`` (bytes), the tables that no single rank can hold are split by rows
+    (the rest stay table-wise), and the plan must then fit every rank (else a DistrecError)."""
+    too_large = [] if memory_per_rank is None else [f for f, t in enumerate(tables) if Shard(0, 0, t.num_rows, 0, t.dim).num_bytes > memory_per_rank]
+    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim, row_wise=too_large)
+    if memory_per_rank is not None:
+        tower_plan(tables, layout).validate(tables, memory_per_rank)
+    return layout
+
+
 def sptt_embeddings(
     tables: list[TableConfig],
     fill: TableFill,
@@ -190,6 +203,7 @@ def sptt_embeddings(
     device: torch.device | None = None,
     sharding: str = "table_wise",
     copies: int = 1,
+    memory_per_rank: int | None = None,
 ) -> SpttEmbeddingBagCollection:
     """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
@@ -202,8 +216,10 @@ def sptt_embeddings(
         device: where the shards live.
         sharding: ``table_wise``, ``column_wise`` or ``row_wise``, how a tower's tables split over its host's ranks.
         copies: replica groups running ``topology`` each (2D sparse parallelism), this rank's in its own.
+        memory_per_rank: bytes of table weights a rank holds at most: a table larger than
+            that is split by rows over its host's ranks (``tower_layout``).
     """
-    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
+    layout = tower_layout(tables, topology, towers, sharding, memory_per_rank)
     return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(copies=copies), fill, device=device)
 
 
@@ -259,7 +275,9 @@ def sptt_tower_embeddings(
     Each rank makes its shards of ``tables`` from the seed of ``tower_embeddings``' bags
     (which may be one-row stand-ins, ``distrec.tables.stand_in_tables``) and takes its host's
     tower module (tower h on host h), so a distributed run starts where a single-process one
-    does; ``sharding`` and ``copies`` are as in ``sptt_embeddings``.
+    does; ``sharding`` and ``copies`` are as in ``sptt_embeddings`` (no row-wise large tables
+    among table-wise ones: a tower module takes its features in the tower's order, which
+    ``FeatureLayout.host_features`` keeps only for a uniform placement).
     """
     bags = tower_embeddings.bags
     fill = bags.initializer.for_tables(tables).fill
