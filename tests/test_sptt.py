@@ -259,14 +259,17 @@ def test_run_topology_takes_towers_of_k_hosts_within_a_replica_group():
         run_topology(4, hosts=2, ranks_per_host=2, replica_groups=2, hosts_per_tower=2)
 
 
-def test_tower_layout_splits_by_rows_only_the_tables_no_rank_can_hold():
+def test_tower_layout_splits_by_rows_the_largest_tables_of_a_rank_over_the_limit():
     t = Topology(2, 2)
     tables = [TableConfig("a", 1000, 4), TableConfig("b", 10, 4), TableConfig("c", 10, 4), TableConfig("d", 500, 4)]  # 16000, 160, 160, 8000 B
     layout = tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise", memory_per_rank=9000)
     assert layout.row_wise_features == {0}
     assert layout.features_of_rank == ((1, 0), (0,), (2,), (3,)) and layout.host_features(0) == [1, 0]
     assert [p.sharding for p in tower_plan(tables, layout).tables] == ["row_wise", "table_wise", "table_wise", "table_wise"]
+    # a's half (8000) and b (160) are 8160 B on rank 0, so b is split too
+    assert tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise", memory_per_rank=8100).row_wise_features == {0, 1}
+    assert tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise").row_wise_features == frozenset()
     with pytest.raises(DistrecError, match="MiB limit"):  # half of a is 8000 B
         tower_layout(tables, t, [[0, 1], [2, 3]], "table_wise", memory_per_rank=5000)
     with pytest.raises(DistrecError, match="column-wise towers cannot also split tables by rows"):
-        tower_layout(tables, t, [[0, 1], [2, 3]], "column_wise", memory_per_rank=9000)
+        tower_layout(tables, t, [[0, 1], [2, 3]], "column_wise", memory_per_rank=5000)  # half the columns of a: 8000 B

@@ -185,14 +185,28 @@ def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int 
 def tower_layout(
     tables: list[TableConfig], topology: Topology, towers: Sequence[Sequence[int]], sharding: str, memory_per_rank: int | None = None
 ) -> FeatureLayout:
-    """The layout of ``towers`` on ``topology`` split ``sharding`` over each host's ranks;
-    with ``memory_per_rank`` (bytes), the tables that no single rank can hold are split by rows
-    (the rest stay table-wise), and the plan must then fit every rank (else a DistrecError)."""
-    too_large = [] if memory_per_rank is None else [f for f, t in enumerate(tables) if Shard(0, 0, t.num_rows, 0, t.dim).num_bytes > memory_per_rank]
-    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim, row_wise=too_large)
-    if memory_per_rank is not None:
-        tower_plan(tables, layout).validate(tables, memory_per_rank)
-    return layout
+    """The layout of ``towers`` on ``topology`` split ``sharding`` over each host's ranks.
+
+    With ``memory_per_rank`` (bytes of weights), while a rank holds more than that, the
+    largest of its tables not yet split is split by rows over its host's ranks (the others stay
+    table-wise); a DistrecError when no split is left and a rank still holds too much.
+    """
+    row_wise: set[int] = set()
+    while True:
+        layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim, row_wise=sorted(row_wise))
+        if memory_per_rank is None:
+            return layout
+        plan = tower_plan(tables, layout)
+        held: dict[int, list[tuple[int, int]]] = {r: [] for r in range(topology.world_size)}  # rank -> (bytes, feature)
+        for f, placement in enumerate(plan.tables):
+            for shard in placement.shards:
+                held[shard.rank].append((shard.num_bytes, f))
+        fullest = max(held, key=lambda r: sum(n for n, _ in held[r]))
+        whole = [(n, f) for n, f in held[fullest] if f not in layout.row_wise_features]
+        if sum(n for n, _ in held[fullest]) <= memory_per_rank or not whole:
+            plan.validate(tables, memory_per_rank)
+            return layout
+        row_wise.add(max(whole)[1])
 
 
 def sptt_embeddings(
