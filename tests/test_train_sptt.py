@@ -10,6 +10,8 @@ import torch
 
 from distrec import config
 from distrec.errors import DistrecError
+from distrec.modes import check_mode
+from distrec.tables import TableConfig
 from distrec.towers.partition import TowerPartition
 from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import train
@@ -64,3 +66,12 @@ def test_sptt_training_with_row_wise_towers_of_2_hosts_equals_one_process(tmp_pa
 def test_sptt_config_errors(tmp_path, parallel, message):
     with pytest.raises(DistrecError, match=message):
         _cfg(tmp_path, **parallel)
+
+
+def test_memory_per_rank_splits_tables_by_rows_only_without_tower_modules(tmp_path):
+    tables = [TableConfig(f"C{i}", 100, 8) for i in range(1, 6)]
+    plain = _cfg(tmp_path, lookup="sptt", hosts=2, ranks_per_host=2, memory_per_rank="1MB")
+    assert check_mode(plain, 4, tables).name == "sptt"
+    towers = tiny_config(tmp_path / "cache", STEPS, ('model.tower_module="dlrm"',), lookup="sptt", hosts=2, ranks_per_host=2, memory_per_rank="1MB")
+    with pytest.raises(DistrecError, match="cannot be combined with --tower-module"):
+        check_mode(towers, 4, tables)
