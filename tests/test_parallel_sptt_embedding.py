@@ -15,11 +15,13 @@ from distrec.parallel.sptt_embedding import SpttEmbeddingBagCollection, sync_tow
 from distrec.parallel.topology import Topology
 from distrec.tables import TableConfig
 from multiprocess import run_distributed
+from test_sptt import merged_towers
 
 DIM = 4
 LOCAL_BATCH = 3
-TABLES = [TableConfig(f"t{i}", rows, DIM, multi_hot=True) for i, rows in enumerate([30, 17, 25, 9, 40, 12, 21])]
-# towers of feature indices per topology (the 2x3 one leaves a rank without tables)
+# t3 has fewer rows than some towers have ranks: row-wise, a rank may hold none of it
+TABLES = [TableConfig(f"t{i}", rows, DIM, multi_hot=True) for i, rows in enumerate([30, 17, 25, 3, 40, 12, 21])]
+# towers of feature indices per host, by topology (the 2x3 one leaves a rank without tables)
 TOWERS = {
     (2, 2): [[5, 0, 3], [6, 2, 1, 4]],
     (2, 3): [[4, 0, 6, 2, 1], [5, 3]],
@@ -44,7 +46,7 @@ def _table_grads(module: nn.Module, reference: EmbeddingBagCollection) -> list[t
     out = []
     for u, w, start in _blocks(module):
         first, _ = reference.table_rows(u.table)
-        out.append((u.table, w.grad.to_dense()[start : start + u.num_rows], expected[first : first + u.num_rows, u.col_start : u.col_end]))
+        out.append((u.table, w.grad.to_dense()[start : start + u.num_rows], expected[first + u.row_start : first + u.row_end, u.col_start : u.col_end]))
     return out
 
 
@@ -53,10 +55,16 @@ def _blocks(module):
         yield u, module.weights[module.unit_group[k]], module.unit_base[k]
 
 
-def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> None:
-    topology = Topology(hosts, world // hosts)
+def _layout(world: int, hosts: int, sharding: str, hosts_per_tower: int, row_wise: tuple[int, ...] = ()) -> FeatureLayout:
+    """The towers of ``TOWERS``, K hosts per tower, on the topology of towers."""
+    towers = merged_towers(TOWERS[(hosts, world // hosts)], hosts_per_tower)
+    return FeatureLayout.from_towers(Topology(hosts, world // hosts).tower_topology(hosts_per_tower), towers, sharding, DIM, row_wise)
+
+
+def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str, hosts_per_tower: int = 1, row_wise: tuple[int, ...] = ()) -> None:
+    layout = _layout(world, hosts, sharding, hosts_per_tower, row_wise)
+    topology = layout.topology
     groups = topology.build_groups()
-    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)], sharding, DIM)
     torch.manual_seed(0)
     reference = EmbeddingBagCollection(TABLES)
     full = {t.name: reference.table_weight(t.name).detach().clone() for t in TABLES}
@@ -73,6 +81,7 @@ def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> No
         flat = ShardedEmbeddingBagCollection.from_full_weights(TABLES, tower_plan(TABLES, layout), full)
         modules.insert(0, ("flat", flat))
     for name, module in modules:
+        name = f"{name} {sharding} K={hosts_per_tower} row-wise {row_wise} max_bag={max_bag}"
         out = module(local)
         torch.testing.assert_close(out, expected[mine], rtol=0, atol=1e-6, msg=lambda m: f"{name} values: {m}")
         # local-mean losses: world x the global gradient, which the exchanges scale back
@@ -87,9 +96,9 @@ def _check(rank: int, world: int, hosts: int, max_bag: int, sharding: str) -> No
     tower = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
     single = nn.Sequential(nn.Flatten(), nn.Linear(len(features) * DIM, 2))
     single.load_state_dict(tower.state_dict())
-    dmt = SpttEmbeddingBagCollection.from_fill(TABLES, layout, groups, full_weights_fill(TABLES, full), tower, [2] * hosts)
+    dmt = SpttEmbeddingBagCollection.from_fill(TABLES, layout, groups, full_weights_fill(TABLES, full), tower, [2] * topology.hosts)
     out = dmt(local)
-    tower_upstream = torch.randn(world * LOCAL_BATCH, 2 * hosts, generator=torch.Generator().manual_seed(9))
+    tower_upstream = torch.randn(world * LOCAL_BATCH, 2 * topology.hosts, generator=torch.Generator().manual_seed(9))
     (out * tower_upstream[mine]).sum().mul(world).backward()
     sync_tower_grads(tower, groups, world)
     pooled = expected.detach()
@@ -108,16 +117,20 @@ def test_sptt_module_equals_flat_and_unsharded_single_and_multi_hot(hosts, ranks
 
 
 def _run_both(rank: int, world: int, hosts: int) -> None:
-    for sharding in ("table_wise", "column_wise"):  # tower tables inside the host
+    for sharding in ("table_wise", "column_wise", "row_wise"):  # tower tables inside the host
         for max_bag in (1, 4):  # single-hot, multi-hot
             _check(rank, world, hosts, max_bag, sharding)
         _check_uneven(rank, world, hosts, sharding)
+    _check(rank, world, hosts, 4, "table_wise", row_wise=(0, 4))  # the two largest tables by rows
+    if hosts % 2 == 0:  # towers of 2 hosts
+        _check(rank, world, hosts, 1, "table_wise", hosts_per_tower=2)
+        _check(rank, world, hosts, 4, "row_wise", hosts_per_tower=2)
 
 
 def _check_uneven(rank: int, world: int, hosts: int, sharding: str) -> None:
     """Ranks with fewer samples (the last batch of an epoch): padded inside, same result."""
-    topology = Topology(hosts, world // hosts)
-    layout = FeatureLayout.from_towers(topology, TOWERS[(hosts, topology.ranks_per_host)], sharding, DIM)
+    layout = _layout(world, hosts, sharding, 1)
+    topology = layout.topology
     sizes = [LOCAL_BATCH - r % 3 for r in range(world)]  # 3, 2, 1, 3, ...
     starts = [sum(sizes[:r]) for r in range(world)]
     torch.manual_seed(0)

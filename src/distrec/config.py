@@ -187,10 +187,11 @@ class ParallelConfig:
     copy of the tables and all-reduces only dense gradients.
 
     ``lookup``: ``flat`` (one all-to-all over all ranks) or ``sptt`` (DMT's topology-aware
-    exchange: tower t's tables on host t, ``tower_sharding`` table_wise or column_wise over
-    the host's ranks; ``towers`` is a tower partition JSON from ``distrec partition``,
-    default the strided one). ``hosts`` x ``ranks_per_host``
-    describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE).
+    exchange: tower t's tables on host t, ``tower_sharding`` table_wise, column_wise or
+    row_wise over the host's ranks; ``towers`` is a tower partition JSON from ``distrec
+    partition``, default the strided one). ``hosts`` x ``ranks_per_host``
+    describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE);
+    ``hosts_per_tower`` K makes each tower span K hosts (hosts / K towers).
 
     ``replica_groups`` G > 1: 2D sparse parallelism (``distrec.parallel.two_d``): G groups of
     N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
@@ -209,10 +210,16 @@ class ParallelConfig:
     ranks_per_host: int | None = None
     towers: str | None = None
     tower_sharding: str = "table_wise"
+    hosts_per_tower: int = 1
     replica_groups: int = 1
     replica_sync: str = "exact"
     sync_every: int = 10
     timeout_seconds: float = 600.0
+
+    @property
+    def tower_count(self) -> int | None:
+        """Towers of the strided partition: hosts / hosts_per_tower (None without ``hosts``)."""
+        return None if self.hosts is None else self.hosts // self.hosts_per_tower
 
 
 @dataclass
@@ -278,7 +285,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.decay": ("none", "linear", "cosine", "poly"),
     "parallel.embeddings": ("sharded", "local"),
     "parallel.lookup": ("flat", "sptt"),
-    "parallel.tower_sharding": ("table_wise", "column_wise"),
+    "parallel.tower_sharding": ("table_wise", "column_wise", "row_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "parallel.replica_sync": ("exact", "periodic"),
     "hotline.slow_tier": ("auto", "disk", "host"),
@@ -307,6 +314,9 @@ COMBINATION_RULES: list[Rule] = [
     Rule(
         lambda c, w: c.parallel.lookup == "sptt" and (c.parallel.embeddings != "sharded" or bool(c.parallel.plan) or bool(c.parallel.sharding)),
         "parallel.lookup sptt places the tables by tower itself; drop --embeddings local, --plan and --sharding",
+    ),
+    Rule(
+        lambda c, w: w is not None and w > 1 and c.parallel.hosts_per_tower > 1 and c.parallel.lookup != "sptt", "--hosts-per-tower needs --lookup sptt; add it"
     ),
     Rule(lambda c, w: c.model.tower_module is not None and c.hotline.enabled, "--tower-module and --hotline cannot be combined; drop one of them"),
     Rule(
@@ -567,6 +577,10 @@ def validate(cfg: RunConfig) -> None:
     check_combination(cfg)
     if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
         raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
+    if cfg.parallel.hosts_per_tower < 1 or cfg.parallel.hosts is not None and cfg.parallel.hosts % cfg.parallel.hosts_per_tower != 0:
+        raise DistrecError(
+            f"--hosts-per-tower {cfg.parallel.hosts_per_tower} must divide --hosts {cfg.parallel.hosts} (towers = hosts / K); change one of them"
+        )
     if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
         raise DistrecError(f"--data-format {dc.format} needs --schema FILE naming the label, dense and categorical columns")
 

@@ -80,6 +80,7 @@ CONFIG_FIELDS = {
     "ranks_per_host": "parallel.ranks_per_host",
     "towers": "parallel.towers",
     "tower_sharding": "parallel.tower_sharding",
+    "hosts_per_tower": "parallel.hosts_per_tower",
     "memory_per_rank": "parallel.memory_per_rank",
     "replica_groups": "parallel.replica_groups",
     "replica_sync": "parallel.replica_sync",

@@ -85,11 +85,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument("--lookup", choices=["flat", "sptt"], help="embedding exchange: flat all-to-all (default) or DMT's SPTT by host")
     dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
     dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
-    dist_args.add_argument("--towers", metavar="JSON", help="with --lookup sptt: tower partition from 'distrec partition', one tower per host")
+    dist_args.add_argument(
+        "--towers",
+        metavar="JSON",
+        help="with --lookup sptt: tower partition from 'distrec partition', one tower per host (per K hosts with --hosts-per-tower K)",
+    )
     dist_args.add_argument(
         "--tower-sharding",
-        choices=["table_wise", "column_wise"],
-        help="with --lookup sptt: split a tower's tables over its host's ranks by table (default) or by column",
+        choices=["table_wise", "column_wise", "row_wise"],
+        help="with --lookup sptt: split a tower's tables over its host's ranks by table (default), by column or by row (large tables)",
+    )
+    dist_args.add_argument(
+        "--hosts-per-tower", type=int, metavar="K", help="with --lookup sptt: each tower spans K hosts, so there are hosts / K towers (default 1)"
     )
     two_d = train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)")
     two_d.add_argument(

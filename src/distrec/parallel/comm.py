@@ -65,6 +65,33 @@ def differentiable_all_to_all(
     return _AllToAll.apply(tensor, list(output_splits), list(input_splits), group, grad_scale)
 
 
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, group, grad_scale):
+        ctx.group, ctx.grad_scale = group, grad_scale
+        out = tensor.new_empty(tensor.shape[0] // dist.get_world_size(group), *tensor.shape[1:])
+        _reduce_scatter_single(out, tensor.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = grad.new_empty(grad.shape[0] * dist.get_world_size(ctx.group), *grad.shape[1:])
+        _all_gather_single(back, grad.contiguous(), group=ctx.group)
+        return back * ctx.grad_scale if ctx.grad_scale != 1.0 else back, None, None
+
+
+# the names from torch 2.13 on
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def differentiable_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, grad_scale: float = 1.0) -> torch.Tensor:
+    """Reduce-scatter (sum) along dim 0: group rank p gets block p of the sum of every rank's
+    ``tensor`` (rows divisible by the group size). Its backward all-gathers the gradients,
+    times ``grad_scale``."""
+    return _ReduceScatter.apply(tensor, group, grad_scale)
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that nobody listens on right now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:

@@ -27,7 +27,7 @@ MULTI_PROCESS_SETTINGS: dict[str, Callable[[ParallelConfig], bool]] = {
 class SingleProcess(BlockMode):
     """One process, whole tables: the reference every other mode must equal.
 
-    A DMT-DLRM's towers come from ``parallel.towers``, else strided over ``parallel.hosts``.
+    A DMT-DLRM's towers come from ``parallel.towers``, else strided over ``parallel.tower_count``.
     """
 
     name = "single"
@@ -40,7 +40,7 @@ class SingleProcess(BlockMode):
         if ignored:
             log.warning(f"ignored in one process: {', '.join(ignored)} (multi-process settings); add --nproc-per-node N to use them")
         names = [t.name for t in ctx.tables]
-        self._towers = resolve_towers(names, p.towers, p.hosts) if ctx.cfg.model.tower_module is not None else None
+        self._towers = resolve_towers(names, p.towers, p.tower_count) if ctx.cfg.model.tower_module is not None else None
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
@@ -49,7 +49,7 @@ class SingleProcess(BlockMode):
     @classmethod
     def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
         if cfg.model.tower_module is not None:
-            resolve_towers([t.name for t in tables], cfg.parallel.towers, cfg.parallel.hosts)
+            resolve_towers([t.name for t in tables], cfg.parallel.towers, cfg.parallel.tower_count)
 
     def towers(self) -> list[list[int]] | None:
         return self._towers

@@ -7,7 +7,8 @@ Both exchanges here start after the lookup: every rank has pooled its own tables
 Both return, on each rank, its own b samples with every feature, ``[b, F, D]`` in the
 global feature order.
 
-- ``flat_exchange``: one all-to-all over all ranks (the hybrid-parallel baseline).
+- ``flat_exchange``: one all-to-all over all ranks (the hybrid-parallel baseline; row-wise
+  partial sums are added up after it).
 - ``sptt_exchange``: (c) permute the rows into peer order; (d) all-to-all inside the host,
   after which each rank holds its host's features (its tower) for the samples of all its
   peers; (e) reshape (features, peers) -> (peers, features), where an optional tower module
@@ -17,10 +18,23 @@ global feature order.
 
 Feature mapping (``FeatureLayout.from_towers``): tower t is placed on host t, inside the
 host either table-wise (its features split over the host's ranks in contiguous, balanced
-runs, so rank ``(t, l)`` pools the l-th run of tower t's features) or column-wise (every
+runs, so rank ``(t, l)`` pools the l-th run of tower t's features), column-wise (every
 rank of the host pools all of tower t's features, rank ``(t, l)`` the l-th range of their
-columns). Either way, a rank's pooled tensor is ``[B, F_rank, D_rank]`` (D_rank = D when
-table-wise), and the exchanges put the received columns back into feature order.
+columns) or row-wise (every rank of the host pools all of tower t's features over its range
+of their rows: partial sums). A rank's pooled tensor is ``[B, F_rank, D_rank]`` (D_rank = D
+unless column-wise), and the exchanges put the received columns back into feature order.
+
+Specialised SPTT (the paper's Sec. 3.1.3), each still equal to ``flat_exchange`` (row-wise:
+up to the order in which the partial sums are added):
+
+- a tower spanning K hosts: run on ``Topology.tower_topology(K)``, whose "hosts" are the
+  towers; everything below then reads "tower" for "host";
+- row-wise tables (all of a tower's, or only the large ones, ``row_wise_features``): step
+  (d) adds up their partial sums with a reduce-scatter inside the host
+  (``differentiable_reduce_scatter``), the other features still go by the all-to-all;
+- one rank per host: (c) and (d) are identities and are skipped; one host: (f) is skipped;
+- ``rows_in_peer_order``: the caller pooled its rows in peer order already (the SPTT module
+  does so while pooling), so (c) is skipped.
 
 Both exchanges are differentiable (``distrec.parallel.comm.differentiable_all_to_all``: the
 backward of each all-to-all is the reverse all-to-all of the gradients). Tensors stay on
@@ -38,10 +52,10 @@ import numpy as np
 import torch
 
 from distrec.errors import DistrecError
-from distrec.parallel.comm import differentiable_all_to_all
+from distrec.parallel.comm import differentiable_all_to_all, differentiable_reduce_scatter
 from distrec.parallel.topology import Topology, TopologyGroups
 
-TOWER_SHARDINGS = ("table_wise", "column_wise")
+TOWER_SHARDINGS = ("table_wise", "column_wise", "row_wise")
 
 
 @dataclass(frozen=True)
@@ -56,11 +70,16 @@ class FeatureLayout:
         columns_of_rank: column-wise only: for each rank, the range ``[start, end)`` of the
             embedding columns it pools (the host's ranks' ranges tile ``[0, D)``); None when
             every rank pools whole features.
+        row_wise_features: the features whose tables are split by rows over their host's
+            ranks (``distrec.parallel.sptt_embedding.tower_plan`` picks the ranges): every
+            rank of the host pools them, after its other features, as partial sums that step
+            (d) adds up. Not with column-wise towers.
     """
 
     topology: Topology
     features_of_rank: tuple[tuple[int, ...], ...]
     columns_of_rank: tuple[tuple[int, int], ...] | None = None
+    row_wise_features: frozenset[int] = frozenset()
     _index_by_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,23 +87,30 @@ class FeatureLayout:
             raise DistrecError(
                 f"feature layout lists {len(self.features_of_rank)} ranks but the topology has {self.topology.world_size}; build it for this topology"
             )
-        order = self.exchange_order
-        if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != len(order) * (
-            1 if self.columns_of_rank is None else self.topology.ranks_per_host
-        ):
+        order, L = self.exchange_order, self.topology.ranks_per_host
+        placed = len(order) * L if self.columns_of_rank is not None else len(order) + (L - 1) * len(self.row_wise_features)
+        if sorted(order) != list(range(len(order))) or sum(len(f) for f in self.features_of_rank) != placed:
             raise DistrecError("feature layout must place every feature 0..F-1 on exactly one rank (or host); fix the towers")
 
     @classmethod
-    def from_towers(cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None) -> FeatureLayout:
+    def from_towers(
+        cls, topology: Topology, towers: Sequence[Sequence[int]], sharding: str = "table_wise", dim: int | None = None, row_wise: Sequence[int] = ()
+    ) -> FeatureLayout:
         """Tower t on host t, split over the host's ranks ``table_wise`` (contiguous runs of
-        features) or ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns)."""
+        features), ``column_wise`` (contiguous, balanced ranges of the ``dim`` columns) or
+        ``row_wise`` (ranges of the rows, every rank pooling all of the tower's features);
+        with table-wise towers, the features ``row_wise`` (large tables) are split by rows."""
         if sharding not in TOWER_SHARDINGS:
             raise DistrecError(f"tower sharding {sharding!r} is unknown; choose one of: {', '.join(TOWER_SHARDINGS)}")
         if len(towers) != topology.hosts:
-            raise DistrecError(f"{len(towers)} towers for {topology.hosts} hosts; partition the features into one tower per host")
+            raise DistrecError(
+                f"{len(towers)} towers for a topology of {topology.hosts} (one per host, or per --hosts-per-tower hosts); partition the features into {topology.hosts} towers"
+            )
         if any(len(tower) == 0 for tower in towers):
             raise DistrecError("a tower has no features; use fewer towers than features so that none is empty")
         if sharding == "column_wise":
+            if row_wise:
+                raise DistrecError("column-wise towers cannot also split tables by rows; use --tower-sharding table_wise or row_wise")
             L = topology.ranks_per_host
             if dim is None or dim < L:
                 raise DistrecError(
@@ -94,8 +120,13 @@ class FeatureLayout:
             cuts = [round(dim * l / L) for l in range(L + 1)]
             features = tuple(tuple(int(f) for f in tower) for tower in towers for _ in range(L))
             return cls(topology, features, tuple((cuts[l], cuts[l + 1]) for _ in towers for l in range(L)))
-        runs = [tuple(int(f) for f in run) for tower in towers for run in np.array_split(np.asarray(tower, dtype=np.int64), topology.ranks_per_host)]
-        return cls(topology, tuple(runs))
+        split = frozenset(int(f) for tower in towers for f in tower) if sharding == "row_wise" else frozenset(int(f) for f in row_wise)
+        ranks = []
+        for tower in towers:
+            whole = np.asarray([f for f in tower if f not in split], dtype=np.int64)
+            shared = tuple(int(f) for f in tower if f in split)
+            ranks += [tuple(int(f) for f in run) + shared for run in np.array_split(whole, topology.ranks_per_host)]
+        return cls(topology, tuple(ranks), row_wise_features=split)
 
     @property
     def num_features(self) -> int:
@@ -141,8 +172,13 @@ class FeatureLayout:
         return [len(f) for f in self.features_of_rank]
 
     def host_features(self, host: int) -> list[int]:
-        """The features of ``host``'s tower, in the order its ranks hold them."""
-        return list(dict.fromkeys(f for r in self.topology.host_ranks(host) for f in self.features_of_rank[r]))
+        """The features of ``host``'s tower, in the order its ranks hold them, the row-wise ones last."""
+        whole = (f for r in self.topology.host_ranks(host) for f in self.features_of_rank[r] if f not in self.row_wise_features)
+        return list(dict.fromkeys(whole)) + self.host_row_wise_features(host)
+
+    def host_row_wise_features(self, host: int) -> list[int]:
+        """The row-wise features of ``host``'s tower, the last columns of each of its ranks' pooled tensors."""
+        return [f for f in self.features_of_rank[self.topology.rank(host, 0)] if f in self.row_wise_features]
 
     def host_feature_counts(self) -> list[int]:
         """Features of each host's tower (F_host)."""
@@ -216,7 +252,15 @@ def flat_exchange(pooled: torch.Tensor, layout: FeatureLayout, rank: int, group:
     widths = layout.widths(dim)
     send_splits = [b * pooled[0].numel()] * layout.topology.world_size
     recv = differentiable_all_to_all(pooled.reshape(-1), [b * w for w in widths], send_splits, group)
-    columns = _in_feature_order(blocks_to_columns(recv, b, widths), layout, range(layout.topology.world_size), dim)
+    columns = blocks_to_columns(recv, b, widths)
+    if layout.row_wise_features:  # by host: the whole features by rank, then the sum of the row-wise partial sums
+        parts, by_host = columns.split(widths, dim=1), []
+        for h in range(layout.topology.hosts):
+            ranks, shared = layout.topology.host_ranks(h), len(layout.host_row_wise_features(h)) * dim
+            by_host += [parts[r][:, : widths[r] - shared] for r in ranks]
+            by_host += [torch.stack([parts[r][:, widths[r] - shared :] for r in ranks]).sum(0)] if shared else []
+        columns = torch.cat(by_host, dim=1)
+    columns = _in_feature_order(columns, layout, range(layout.topology.world_size), dim)
     return to_global_order(columns.view(b, -1, dim), layout)
 
 
@@ -227,6 +271,7 @@ def sptt_exchange(
     tower_module: Callable[[torch.Tensor], torch.Tensor] | None = None,
     tower_dims: Sequence[int] | None = None,
     grad_scale: float = 1.0,
+    rows_in_peer_order: bool = False,
 ) -> torch.Tensor:
     """SPTT steps (c)-(f); only the (compressed) tower outputs cross hosts.
 
@@ -238,6 +283,8 @@ def sptt_exchange(
             host's tower before it crosses hosts (step (e)).
         tower_dims: ``out_h`` of every host's tower module (required with ``tower_module``).
         grad_scale: factor on the gradient returned to ``pooled`` (not on the tower module's).
+        rows_in_peer_order: ``pooled``'s rows are in peer order already (``to_peer_order``
+            applied), so step (c) is skipped.
 
     Returns:
         Without a tower module, ``[b, F, D]`` this rank's samples in the global feature order
@@ -248,14 +295,14 @@ def sptt_exchange(
     b = _check_input(pooled, layout, groups.rank)
     hosts, dim = topology.hosts, layout.dim(pooled.shape[2])
     host = topology.host(groups.rank)
-    source_widths = [layout.widths(dim)[r] for r in topology.host_ranks(host)]
     peer_rows = hosts * b
     # (c) + (d): block l of the peer-ordered rows goes to local rank l
-    send = to_peer_order(pooled, topology).reshape(-1)
-    send_splits = [peer_rows * pooled[0].numel()] * topology.ranks_per_host
-    recv = differentiable_all_to_all(send, [peer_rows * w for w in source_widths], send_splits, groups.intra_host, grad_scale)
+    send = pooled if rows_in_peer_order else to_peer_order(pooled, topology)
+    if topology.ranks_per_host == 1:  # both are identities
+        tower = _ScaleGrad.apply(send.reshape(peer_rows, -1), grad_scale)
+    else:
+        tower = _exchange_in_host(send, layout, groups, peer_rows, dim, grad_scale)
     # (e)
-    tower = _in_feature_order(blocks_to_columns(recv, peer_rows, source_widths), layout, topology.host_ranks(host), dim)
     if tower_module is None:
         tower_out, out_widths = tower, [f * dim for f in layout.host_feature_counts()]
     else:
@@ -265,10 +312,49 @@ def sptt_exchange(
         if tower_out.shape != (peer_rows, out_widths[host]):
             raise ValueError(f"tower module returned {tuple(tower_out.shape)}, expected ({peer_rows}, {out_widths[host]})")
     # (f): block h of the tower output (the samples of my peer on host h) goes to host h
-    send_splits = [b * out_widths[host]] * hosts
-    recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
-    out = blocks_to_columns(recv, b, out_widths)
+    if hosts == 1:
+        out = tower_out
+    else:
+        send_splits = [b * out_widths[host]] * hosts
+        recv = differentiable_all_to_all(tower_out.reshape(-1), [b * w for w in out_widths], send_splits, groups.cross_host)
+        out = blocks_to_columns(recv, b, out_widths)
     return out if tower_module is not None else to_global_order(out.view(b, -1, dim), layout)
+
+
+def _exchange_in_host(send: torch.Tensor, layout: FeatureLayout, groups: TopologyGroups, peer_rows: int, dim: int, grad_scale: float) -> torch.Tensor:
+    """Step (d) on the peer-ordered ``send`` [B, F_rank, D_rank]: an all-to-all of the whole
+    (or column-split) features, a reduce-scatter of the row-wise partial sums (the last
+    columns, the same features on every rank of the host); returns the host's tower for this
+    rank's peers' samples, ``[H*b, F_host * D]`` in ``host_features`` order."""
+    topology = layout.topology
+    ranks = topology.host_ranks(topology.host(groups.rank))
+    shared = len(layout.host_row_wise_features(topology.host(groups.rank)))
+    whole = send.shape[1] - shared
+    parts = []
+    widths = [layout.widths(dim)[r] - shared * dim for r in ranks]
+    if any(widths):
+        own = send if shared == 0 else send[:, :whole]
+        send_splits = [peer_rows * own[0].numel()] * topology.ranks_per_host
+        recv = differentiable_all_to_all(own.reshape(-1), [peer_rows * w for w in widths], send_splits, groups.intra_host, grad_scale)
+        parts.append(_in_feature_order(blocks_to_columns(recv, peer_rows, widths), layout, ranks, dim))
+    if shared:
+        partial = send if whole == 0 else send[:, whole:]
+        parts.append(differentiable_reduce_scatter(partial.reshape(-1), groups.intra_host, grad_scale).view(peer_rows, -1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity, whose backward multiplies the gradient by ``scale`` (where a skipped
+    collective would have scaled it)."""
+
+    @staticmethod
+    def forward(ctx, tensor, scale):
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale if ctx.scale != 1.0 else grad, None
 
 
 def _in_feature_order(columns: torch.Tensor, layout: FeatureLayout, ranks: Sequence[int], dim: int) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """The sharded embedding collection with SPTT instead of the flat output all-to-all.
 
-Tower t's tables live on host t, table-wise or column-wise over its ranks
-(``FeatureLayout.from_towers``).
+Tower t's tables live on host t (or on tower t's K hosts, ``Topology.tower_topology``),
+table-, column- or row-wise over its ranks (``FeatureLayout.from_towers``).
 Forward on every rank (DMT, Luo et al., MLSys 2024, Fig. 7):
 
 (a) input all-to-all: the bags of every feature go to the rank holding its table (the
     same exchange as ``ShardedEmbeddingBagCollection``);
 (b) lookup: the owner pools its tables for all ``B = world_size x b`` global samples;
-(c)-(f) ``distrec.parallel.sptt.sptt_exchange``: inside the host, then among peers.
+(c) is done while pooling (the rows come out in peer order);
+(d)-(f) ``distrec.parallel.sptt.sptt_exchange``: inside the host (a reduce-scatter when
+    row-wise), then among peers.
 
 Without a tower module the result is ``[b, F, D]`` equal to the flat module's (values and
 gradients); with one, ``[b, sum of tower outputs]``, and the tower module's parameter
@@ -43,16 +45,28 @@ from distrec.tables import TableConfig
 
 def tower_plan(tables: Sequence[TableConfig], layout: FeatureLayout) -> ShardingPlan:
     """The plan that puts table f on the rank(s) of ``layout`` that pool feature f: table-wise,
-    or column-wise over its host's ranks when the layout splits columns."""
+    column-wise over its host's ranks when the layout splits columns, or row-wise over them in
+    contiguous, balanced row ranges when it splits rows (a table with fewer rows than the host
+    has ranks leaves some of them without a shard of it)."""
     shards: dict[int, list[Shard]] = {f: [] for f in range(len(tables))}
+    holders: dict[int, list[int]] = {f: [] for f in range(len(tables))}
     for rank, features in enumerate(layout.features_of_rank):
         for f in features:
-            start, end = layout.columns_of_rank[rank] if layout.columns_of_rank is not None else (0, tables[f].dim)
-            shards[f].append(Shard(rank, 0, tables[f].num_rows, start, end))
-    return ShardingPlan(
-        layout.topology.world_size,
-        [TablePlacement(t.name, "table_wise" if len(shards[f]) == 1 else "column_wise", shards[f]) for f, t in enumerate(tables)],
-    )
+            holders[f].append(rank)
+    for f, ranks in holders.items():
+        rows, dim = tables[f].num_rows, tables[f].dim
+        for l, rank in enumerate(ranks):
+            if f in layout.row_wise_features:
+                start, end = round(rows * l / len(ranks)), round(rows * (l + 1) / len(ranks))
+                shards[f] += [Shard(rank, start, end, 0, dim)] if end > start else []
+            else:
+                start, end = layout.columns_of_rank[rank] if layout.columns_of_rank is not None else (0, dim)
+                shards[f].append(Shard(rank, 0, rows, start, end))
+
+    def kind(f: int) -> str:
+        return "row_wise" if f in layout.row_wise_features else "column_wise" if len(shards[f]) > 1 else "table_wise"
+
+    return ShardingPlan(layout.topology.world_size, [TablePlacement(t.name, kind(f), shards[f]) for f, t in enumerate(tables)])
 
 
 class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
@@ -83,8 +97,10 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self.tower_module = tower_module
         self.tower_dims = None if tower_dims is None else list(tower_dims)
         local_features = [u.feature for u in self.local_units]
-        # columns of the pooled tensor: the layout's order of this rank's features
-        self.column_of_unit = [local_features.index(f) for f in layout.features_of_rank[self.rank]]
+        # columns of the pooled tensor: the layout's order of this rank's features; a row-wise
+        # feature without rows here pools zeros (column n_local, appended)
+        n_local = len(local_features)
+        self.column_of_unit = [local_features.index(f) if f in local_features else n_local for f in layout.features_of_rank[self.rank]]
 
     @classmethod
     def from_fill(cls, tables, layout, groups, fill: TableFill, tower_module=None, tower_dims=None, device=None):
@@ -94,18 +110,23 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return module
 
     def pool_global(self, batch: Batch) -> torch.Tensor:
-        """Steps (a) + (b): this rank's tables pooled for every global sample, ``[B, F_rank, D]``.
+        """Steps (a) + (b): this rank's tables pooled for every global sample, ``[B, F_rank, D]``,
+        the rows in peer order (``distrec.parallel.sptt.to_peer_order``: step (c) done while
+        pooling).
 
         Sets ``stats.input_bytes``, ``input_ms`` and ``lookup_ms``.
         """
         recv_lengths, recv_values, source_batch = self.exchange_inputs(batch)
         t1 = time.perf_counter()
-        n_local = len(self.local_units)
+        n_local, rows = len(self.local_units), sum(source_batch)
         if n_local == 0:  # still a graph node, so this rank joins the backward exchanges
-            pooled = batch.dense.new_zeros(sum(source_batch), 0, self.dim).requires_grad_()
+            pooled = batch.dense.new_zeros(rows, 0, self.dim).requires_grad_()
         else:
             pieces = self._lookup(recv_lengths, recv_values, source_batch)
-            pooled = torch.cat([torch.stack(per_unit, dim=1) for per_unit in pieces])[:, self.column_of_unit]
+            pooled = torch.cat([torch.stack(pieces[source], dim=1) for source in self.layout.topology.peer_order])
+        if n_local in self.column_of_unit:
+            pooled = torch.cat([pooled, pooled.new_zeros(rows, 1, self.dim)], dim=1)
+        pooled = pooled[:, self.column_of_unit]
         self.stats.lookup_ms = (time.perf_counter() - t1) * 1e3
         return pooled
 
@@ -119,10 +140,12 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
         pooled = self.pool_global(pad_batch(batch, int(largest), len(self.tables)))
         t0 = time.perf_counter()
-        out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, grad_scale=1.0 / self.world_size)
-        # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives in (f)
+        out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, 1.0 / self.world_size, rows_in_peer_order=True)
+        # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives
+        # in (f), each unless skipped
+        topology = self.layout.topology
         self.stats.output_ms = (time.perf_counter() - t0) * 1e3
-        self.stats.output_bytes = (pooled.numel() + out.numel()) * out.element_size()
+        self.stats.output_bytes = (pooled.numel() * (topology.ranks_per_host > 1) + out.numel() * (topology.hosts > 1)) * out.element_size()
         return out[: batch.batch_size]
 
 
@@ -144,10 +167,11 @@ def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
     )
 
 
-def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None, replica_groups: int = 1) -> Topology:
+def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None, replica_groups: int = 1, hosts_per_tower: int = 1) -> Topology:
     """The topology SPTT runs on: the run's ``hosts`` x ``ranks_per_host`` (default: torchrun's
     environment), checked against ``world_size``; with ``replica_groups`` G > 1 (2D sparse
-    parallelism), the hosts of one replica group, ``hosts / G`` x ``ranks_per_host``."""
+    parallelism), the hosts of one replica group, ``hosts / G`` x ``ranks_per_host``; with
+    ``hosts_per_tower`` K > 1, that topology's towers of K hosts (``Topology.tower_topology``)."""
     topology = Topology(hosts, ranks_per_host) if hosts is not None else Topology.from_env()
     topology.check_world_size(world_size)
     if topology.hosts % replica_groups != 0:
@@ -155,7 +179,34 @@ def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int 
             f"--replica-groups {replica_groups} with --lookup sptt must divide the {topology.hosts} hosts (each group runs SPTT on whole hosts); "
             "change --replica-groups or --hosts"
         )
-    return Topology(topology.hosts // replica_groups, topology.ranks_per_host)
+    return Topology(topology.hosts // replica_groups, topology.ranks_per_host).tower_topology(hosts_per_tower)
+
+
+def tower_layout(
+    tables: list[TableConfig], topology: Topology, towers: Sequence[Sequence[int]], sharding: str, memory_per_rank: int | None = None
+) -> FeatureLayout:
+    """The layout of ``towers`` on ``topology`` split ``sharding`` over each host's ranks.
+
+    With ``memory_per_rank`` (bytes of weights), while a rank holds more than that, the
+    largest of its tables not yet split is split by rows over its host's ranks (the others stay
+    table-wise); a DistrecError when no split is left and a rank still holds too much.
+    """
+    row_wise: set[int] = set()
+    while True:
+        layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim, row_wise=sorted(row_wise))
+        if memory_per_rank is None:
+            return layout
+        plan = tower_plan(tables, layout)
+        held: dict[int, list[tuple[int, int]]] = {r: [] for r in range(topology.world_size)}  # rank -> (bytes, feature)
+        for f, placement in enumerate(plan.tables):
+            for shard in placement.shards:
+                held[shard.rank].append((shard.num_bytes, f))
+        fullest = max(held, key=lambda r: sum(n for n, _ in held[r]))
+        whole = [(n, f) for n, f in held[fullest] if f not in layout.row_wise_features]
+        if sum(n for n, _ in held[fullest]) <= memory_per_rank or not whole:
+            plan.validate(tables, memory_per_rank)
+            return layout
+        row_wise.add(max(whole)[1])
 
 
 def sptt_embeddings(
@@ -166,6 +217,7 @@ def sptt_embeddings(
     device: torch.device | None = None,
     sharding: str = "table_wise",
     copies: int = 1,
+    memory_per_rank: int | None = None,
 ) -> SpttEmbeddingBagCollection:
     """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
@@ -173,13 +225,15 @@ def sptt_embeddings(
         tables: the model's tables, in feature order.
         fill: the tables' initial weights (``TableInit.fill`` of the model's initializer).
         topology: the run's topology (``run_topology``).
-        towers: feature indices of each tower, one tower per host
+        towers: feature indices of each tower, one tower per host of ``topology``
             (``distrec.towers.partition.resolve_towers``).
         device: where the shards live.
-        sharding: ``table_wise`` or ``column_wise``, how a tower's tables split over its host's ranks.
+        sharding: ``table_wise``, ``column_wise`` or ``row_wise``, how a tower's tables split over its host's ranks.
         copies: replica groups running ``topology`` each (2D sparse parallelism), this rank's in its own.
+        memory_per_rank: bytes of table weights a rank holds at most: a table larger than
+            that is split by rows over its host's ranks (``tower_layout``).
     """
-    layout = FeatureLayout.from_towers(topology, towers, sharding, tables[0].dim)
+    layout = tower_layout(tables, topology, towers, sharding, memory_per_rank)
     return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(copies=copies), fill, device=device)
 
 
@@ -235,7 +289,9 @@ def sptt_tower_embeddings(
     Each rank makes its shards of ``tables`` from the seed of ``tower_embeddings``' bags
     (which may be one-row stand-ins, ``distrec.tables.stand_in_tables``) and takes its host's
     tower module (tower h on host h), so a distributed run starts where a single-process one
-    does; ``sharding`` and ``copies`` are as in ``sptt_embeddings``.
+    does; ``sharding`` and ``copies`` are as in ``sptt_embeddings`` (no row-wise large tables
+    among table-wise ones: a tower module takes its features in the tower's order, which
+    ``FeatureLayout.host_features`` keeps only for a uniform placement).
     """
     bags = tower_embeddings.bags
     fill = bags.initializer.for_tables(tables).fill

@@ -6,20 +6,27 @@ from collections.abc import Callable
 from typing import Any
 
 from distrec.config import RunConfig
+from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.parallel.mode import RunContext
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.sptt_embedding import run_topology, sptt_embeddings, sptt_tower_embeddings
 from distrec.tables import TableConfig
 from distrec.towers.partition import resolve_towers
+from distrec.units import parse_bytes
 
 
 class Sptt(Sharded):
-    """Tower t's tables on host t (table- or column-wise over its ranks, ``parallel.tower_sharding``),
+    """Tower t's tables on host t (table-, column- or row-wise over its ranks, ``parallel.tower_sharding``),
     exchanged by SPTT (DMT, Luo et al., MLSys 2024), which equals the flat all-to-all.
 
-    The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's);
-    the towers come from ``parallel.towers``, else strided over the hosts. Under 2D sparse
+    With ``parallel.memory_per_rank``, a table larger than that is split by rows over its
+    tower's ranks (the others placed by ``tower_sharding``).
+
+    The topology is ``parallel.hosts`` x ``parallel.ranks_per_host`` (default: torchrun's),
+    seen as towers of ``parallel.hosts_per_tower`` hosts (``Topology.tower_topology``), so
+    ``self.topology``'s hosts are the towers; the towers come from ``parallel.towers``, else
+    strided over them. Under 2D sparse
     parallelism (``distrec.parallel.two_d``), SPTT runs inside each replica group: the
     topology is one group's hosts, with one tower per host of the group.
     """
@@ -29,7 +36,7 @@ class Sptt(Sharded):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         p = ctx.cfg.parallel
-        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host, p.replica_groups)
+        self.topology = run_topology(ctx.world_size, p.hosts, p.ranks_per_host, p.replica_groups, p.hosts_per_tower)
         self._towers = resolve_towers([t.name for t in ctx.tables], p.towers, self.topology.hosts)
 
     @classmethod
@@ -40,7 +47,7 @@ class Sptt(Sharded):
     def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
         p = cfg.parallel
         if p.hosts is not None:  # else the hosts come from torchrun's environment
-            topology = run_topology(world_size, p.hosts, p.ranks_per_host, p.replica_groups)
+            topology = run_topology(world_size, p.hosts, p.ranks_per_host, p.replica_groups, p.hosts_per_tower)
             resolve_towers([t.name for t in tables], p.towers, topology.hosts)
         elif p.towers is not None:
             resolve_towers([t.name for t in tables], p.towers, None)
@@ -57,7 +64,8 @@ class Sptt(Sharded):
     def shard_embeddings(self, model: RecommendationModel) -> None:
         tables, p = self.ctx.tables, self.ctx.cfg.parallel
         fill = model.embeddings.initializer.for_tables(tables).fill
-        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding, p.replica_groups)
+        memory = parse_bytes(p.memory_per_rank, "parallel.memory_per_rank") if p.memory_per_rank else None
+        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding, p.replica_groups, memory)
         self.plan = model.embeddings.plan
 
 
@@ -71,6 +79,12 @@ class SpttTowers(Sptt):
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
         return world_size > 1 and cfg.parallel.lookup == "sptt" and cfg.model.tower_module is not None
+
+    @classmethod
+    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
+        if cfg.parallel.memory_per_rank is not None:
+            raise DistrecError("--memory-per-rank with --lookup sptt cannot be combined with --tower-module; drop it, or use --tower-sharding row_wise")
+        super().check(cfg, world_size, tables)
 
     def shard_embeddings(self, model: RecommendationModel) -> None:
         p = self.ctx.cfg.parallel

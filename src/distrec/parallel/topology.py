@@ -4,7 +4,9 @@ Rank g lives on host ``g // L`` with local rank ``g % L`` (L = ranks per host), 
 how torchrun numbers ranks (node rank x local world size + local rank). The **peers** of a
 rank are the ranks with its local rank on every host; **peer order** sorts all ranks by
 (local rank, host). SPTT (``distrec.parallel.sptt``) talks inside a host over the
-intra-host group and across hosts only among peers.
+intra-host group and across hosts only among peers. A tower may span K hosts
+(``Topology.tower_topology``): SPTT then runs on the topology of towers, whose "hosts" are
+the towers, each of K x L ranks.
 
 Example:
     >>> t = Topology(hosts=2, ranks_per_host=3)
@@ -12,6 +14,8 @@ Example:
     (1, 1, [1, 4])
     >>> t.peer_order
     [0, 3, 1, 4, 2, 5]
+    >>> Topology(hosts=4, ranks_per_host=2).tower_topology(2)
+    Topology(hosts=2, ranks_per_host=4)
 """
 
 from __future__ import annotations
@@ -84,6 +88,16 @@ class Topology:
     def peer_order(self) -> list[int]:
         """All ranks sorted by (local rank, host)."""
         return [self.rank(h, l) for l in range(self.ranks_per_host) for h in range(self.hosts)]
+
+    def tower_topology(self, hosts_per_tower: int) -> Topology:
+        """The topology of towers of ``hosts_per_tower`` (K) consecutive hosts each: tower t is
+        one "host" of K x L ranks (ranks ``t*K*L .. (t+1)*K*L - 1``), so there are hosts / K
+        towers and SPTT's intra-host step runs inside a tower, across its K hosts."""
+        if hosts_per_tower < 1 or self.hosts % hosts_per_tower != 0:
+            raise DistrecError(
+                f"--hosts-per-tower {hosts_per_tower} must divide the {self.hosts} hosts (towers = hosts / K); change --hosts-per-tower or --hosts"
+            )
+        return Topology(self.hosts // hosts_per_tower, self.ranks_per_host * hosts_per_tower)
 
     def check_world_size(self, world_size: int) -> None:
         """Raise DistrecError unless ``world_size`` equals hosts x ranks per host."""
