@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from distrec.hotline.access_logger import BYTES_PER_ENTRY, AccessLogger
+from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.measure import batch_ids, default_top_k, plot_popularity, popularity_curve
 from test_hotline_hot_set import SPACE, make_batch
 
@@ -10,7 +10,7 @@ BATCH = make_batch([[[1], [1, 2], [3], [], [2, 2]], [[0], [0], [0], [], [5]]])
 
 
 def test_popular_and_hot_lookup_fractions_follow_the_ranking():
-    logger = AccessLogger(capacity_bytes=64 * BYTES_PER_ENTRY, sample_rate=1.0, ways=64)
+    logger = AccessLogger(capacity_bytes=256, total_rows=SPACE.total_rows, sample_rate=1.0, ways=64)
     curve = popularity_curve([BATCH], SPACE, row_bytes=10, budgets_bytes=[0, 19, 30, 40, 50], logger=logger)
     assert curve["hot_rows"] == [0, 1, 3, 4, 5]
     assert (curve["samples"], curve["lookups"], curve["distinct_rows"]) == (5, 10, 5)
@@ -21,7 +21,7 @@ def test_popular_and_hot_lookup_fractions_follow_the_ranking():
 
 
 def test_a_logger_that_samples_nothing_makes_nothing_hot():
-    logger = AccessLogger(capacity_bytes=64 * BYTES_PER_ENTRY, sample_rate=1e-9)
+    logger = AccessLogger(capacity_bytes=256, total_rows=SPACE.total_rows, sample_rate=1e-9)
     curve = popularity_curve([BATCH, BATCH], SPACE, row_bytes=1, budgets_bytes=[100], logger=logger)
     assert curve["logger"]["popular_fraction"] == [0.2]  # only the empty samples
     assert curve["exact"]["popular_fraction"] == [1.0]
@@ -35,7 +35,7 @@ def test_default_top_k_is_at_most_a_tenth_of_the_rows_seen():
 
 
 def test_the_curve_is_drawn(tmp_path):
-    logger = AccessLogger(capacity_bytes=64 * BYTES_PER_ENTRY, sample_rate=1.0)
+    logger = AccessLogger(capacity_bytes=256, total_rows=SPACE.total_rows, sample_rate=1.0)
     curve = popularity_curve([BATCH], SPACE, row_bytes=10, budgets_bytes=[10, 100], logger=logger)
     plot_popularity(curve, tmp_path / "curve.png", "test")
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
