@@ -159,7 +159,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     k = args.top_k or default_top_k(ids, hot_rows)
     capacities = sorted({logger_bytes, *(max(1, int(logger_bytes_for(k) * f)) for f in LOGGER_SIZE_FACTORS)})
     recall = measure_recall(ids, space.total_rows, [k], capacities, args.sample_rates, seed=cfg.train.seed)
-    plot_recall(recall, k, out / "hotline-recall.png", f"{cfg.data.format}: access logger recall")
+    plot_recall(recall, out / "hotline-recall.png", f"{cfg.data.format}: access logger recall", {"default": logger.nbytes})
 
     result = {
         "data": cfg.data.format if cfg.data.path is None else f"{cfg.data.format}:{cfg.data.path}",
