@@ -154,14 +154,15 @@ def logger_size_figure(results_by_stream: Mapping[str, list[dict]], marks_bytes:
                 ax.plot([mib[0], mib[-1]], [points[0][2]] * 2, linestyle=":", color=f"C{i}", label="  unbounded logger")
             for name, nbytes in (marks_bytes or {}).items():
                 ax.axvline(nbytes / 2**20, color="#888", linestyle="--", linewidth=1)
-                ax.annotate(name, (nbytes / 2**20, 0.02), rotation=90, fontsize=7, color="#555", ha="right")
+                ax.annotate(name, (nbytes / 2**20, 0.98), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color="#555", ha="right", va="top")
             ax.set_xscale("log")
-            ax.set_ylim(0, 1.02)
+            if metric == "recall":
+                ax.set_ylim(0, 1.02)  # coverage: zoomed to its data, often all near 1
             ax.set_xlabel("logger memory (MiB)")
             ax.set_ylabel(ylabel)
             ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=6, loc="lower right")
+            ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
 
