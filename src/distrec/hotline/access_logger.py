@@ -275,11 +275,11 @@ class AccessLogger:
 
     def counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(global ids, access counts) of every row the counter holds, in no particular order."""
-        counts, tags, _ = self._unpack(self._entries)
-        held = counts > 0
-        sets = np.nonzero(held)[0].astype(np.uint64)
-        ids = self._mix.inverse(tags[held].astype(np.uint64) * np.uint64(self.num_sets) + sets)
-        return ids.astype(np.int64), counts[held]
+        held = np.flatnonzero(self._entries >> self._count_shift)  # flat positions of non-empty entries
+        counts, tags, _ = self._unpack(self._entries.reshape(-1)[held])
+        sets = (held // self.ways).astype(np.uint64)
+        ids = self._mix.inverse(tags.astype(np.uint64) * np.uint64(self.num_sets) + sets)
+        return ids.astype(np.int64), counts
 
     def top(self, k: int) -> np.ndarray:
         """The ``k`` most counted global ids, most accessed first."""
