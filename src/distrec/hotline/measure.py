@@ -157,7 +157,9 @@ def logger_size_figure(results_by_stream: Mapping[str, list[dict]], marks_bytes:
                 ax.annotate(name, (nbytes / 2**20, 0.98), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color="#555", ha="right", va="top")
             ax.set_xscale("log")
             if metric == "recall":
-                ax.set_ylim(0, 1.02)  # coverage: zoomed to its data, often all near 1
+                ax.set_ylim(0, 1.02)
+            else:  # often all near 1: zoomed, but never to less than 0.95-1
+                ax.set_ylim(min(0.95, ax.get_ylim()[0]), 1.002)
             ax.set_xlabel("logger memory (MiB)")
             ax.set_ylabel(ylabel)
             ax.set_title(title, fontsize=9)
