@@ -29,6 +29,8 @@ figures at the default size and at the former default's (``--out`` also gets eve
 Usage:
     python benchmarks/access_logger_size.py                     # ~5 minutes on 2 busy cores
     python benchmarks/access_logger_size.py --streams criteo movielens --epochs 4   # ~1 minute
+    python benchmarks/access_logger_size.py --streams zipf --zipf-batches 8000 --sample-rate 1 \
+        --sizes 1MiB 4MiB 16MiB 64MiB     # a sample touching more rows than 4 MiB has entries
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def summarise(results: list[dict], k: int) -> dict:
     """Recall and access coverage of the top ``k`` at the default size and at the former default's entries."""
     rows = {r["capacity_bytes"]: r for r in results if r["k"] == k}
     keep = ("logger_bytes", "entries", "recall", "access_coverage", "unbounded_recall", "unbounded_access_coverage")
-    return {"k": k, **{name: {f: rows[size][f] for f in keep} for name, size in (("default", DEFAULT_LOGGER_BYTES), ("former_default", logger_bytes_for(k)))}}
+    sizes = (("default", DEFAULT_LOGGER_BYTES), ("former_default", logger_bytes_for(k)))
+    return {"k": k, **{name: {f: rows[size][f] for f in keep} for name, size in sizes if size in rows}}
 
 
 def main() -> None:
@@ -113,6 +116,7 @@ def main() -> None:
     p.add_argument("--zipf-batches", type=int, default=4000, help="mini-batches of the Zipf stream (hotline.py learns from 200 sampled: 4000 at 5%%)")
     p.add_argument("--epochs", type=int, default=10, help="passes over the Criteo sample")
     p.add_argument("--sample-rate", type=float, default=0.05)
+    p.add_argument("--sizes", nargs="+", help="logger sizes, e.g. 1MiB 4MiB (default: 16 KiB to 64 MiB by 4x, and the former default per k)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=Path("runs/bench-access-logger-size"))
     args = p.parse_args()
@@ -132,7 +136,7 @@ def main() -> None:
             distinct = np.unique(np.concatenate(stream)).size
             ks = [distinct // 10] + ([distinct // 2] if name == "criteo" else [])
             title = f"{name} sample: {len(stream)} batches of {spec[2]} ({distinct:,} rows touched)"
-        sizes = sorted({*SIZES, *(logger_bytes_for(k) for k in ks)})
+        sizes = sorted({*(parse_bytes(x, "--sizes") for x in args.sizes)}) if args.sizes else sorted({*SIZES, *(logger_bytes_for(k) for k in ks)})
         results = measure_recall(stream, total_rows, ks, sizes, [args.sample_rate], seed=args.seed)
         seconds = time.perf_counter() - started
         print(f"\n{title} (sample rate {args.sample_rate:g}, {results[0]['sampled_batches']} batches sampled, {seconds:.0f} s)\n{table(results)}", flush=True)
@@ -147,14 +151,14 @@ def main() -> None:
     save_figure(fig, args.out / "access-logger-size.png")
     atomic_write_json(args.out / "access-logger-size.json", result)
     summary = {name: [summarise(s["results"], k) for k in s["ks"]] for name, s in result["streams"].items()}
-    at_default = [row["default"] for rows in summary.values() for row in rows]
+    at_default = [row["default"] for rows in summary.values() for row in rows if "default" in row]
     harness.finish(
         {
             "sample_rate": args.sample_rate,
             "default_logger_bytes": DEFAULT_LOGGER_BYTES,
             "streams": summary,
-            "min_recall_at_default": min(r["recall"] for r in at_default),
-            "max_recall_shortfall_at_default": max(r["unbounded_recall"] - r["recall"] for r in at_default),
+            "min_recall_at_default": min((r["recall"] for r in at_default), default=None),
+            "max_recall_shortfall_at_default": max((r["unbounded_recall"] - r["recall"] for r in at_default), default=None),
         }
     )
 
