@@ -161,8 +161,8 @@ class AccessLogger:
             entries = int(capacity_bytes) // dtype.itemsize
             self.ways = min(ways, max(1, entries))
             self.num_sets = entries // self.ways
-            tag_bits = ((1 << self._mix.bits) - 1) // max(1, self.num_sets)
-            tag_bits = tag_bits.bit_length()
+            largest_tag = ((1 << self._mix.bits) - 1) // max(1, self.num_sets)
+            tag_bits = largest_tag.bit_length()
             count_bits = 8 * dtype.itemsize - RRPV_BITS - tag_bits
             if self.num_sets >= 1 and count_bits >= MIN_COUNT_BITS:
                 break
