@@ -62,8 +62,10 @@ period later (restored when it is back within 10% of the settled value).
 
 The last line printed is one JSON object with every figure (``ratio_vs_slow_tier`` = c/b,
 ``ratio_vs_in_memory`` = c/a, ``ceiling_ratio_vs_slow_tier`` = a/b: what c/b would be if
-Hotline trained as fast as all tables in RAM); ``--out`` also gets ``hotline-speed.json`` and
-``hotline-speed.png``. The slow tiers' files (2 GB each by default) are unlinked at once
+Hotline trained as fast as all tables in RAM); ``--out`` also gets ``hotline-speed.json``,
+``hotline-speed.png`` (samples/s and KiB read from disk per step, per system) and, with the
+drift run, ``hotline-drift.png`` (the popular fraction of every mini-batch, re-learning
+points and shifts marked). The slow tiers' files (2 GB each by default) are unlinked at once
 and gone when the run ends.
 
 Usage:
@@ -97,6 +99,7 @@ from distrec.data.dataset import Dataset
 from distrec.data.source import Chunk
 from distrec.data.synthetic import SyntheticGenerator
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
+from distrec.hotline.measure import popular_fraction_figure, systems_figure
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
@@ -344,7 +347,7 @@ def measure(setup: Setup, tables: list[TableConfig], learn: list[Batch], batches
 
 
 def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 20, batch_size: int = 1024) -> dict:
-    """Popular fraction per relearn window while the popular rows move every ``period_steps``."""
+    """Popular fraction per mini-batch and per relearn window while the popular rows move every ``period_steps``."""
     data = SyntheticConfig(
         rows=3 * period_steps * batch_size, num_sparse=4, table_rows=20_000, zipf_exponent=setup.zipf_exponent,
         drift_period_rows=period_steps * batch_size, seed=setup.seed,
@@ -361,19 +364,24 @@ def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 
     cfg.model.embedding_dim = 16
     torch.manual_seed(setup.seed)
     model = build_model(cfg.model, data.num_dense, stand_in_tables(tables))
-    windows = []
+    per_step, relearned_after = [], []  # popular fraction of mini-batch k; steps after which the hot set was re-learned
     with HotlineTraining(model, cfg, 3 * period_steps, out, tables=tables) as hotline:
-        for start in range(0, 3 * period_steps, relearn_every):
+        for k in range(3 * period_steps):
             before = dataclasses.replace(hotline.pipeline.stats)
-            for k in range(start, start + relearn_every):
-                hotline.step(dataset.batch(np.arange(k * batch_size, (k + 1) * batch_size)))
+            hotline.step(dataset.batch(np.arange(k * batch_size, (k + 1) * batch_size)))
             s = hotline.pipeline.stats
-            windows.append((s.popular_samples - before.popular_samples) / (s.samples - before.samples))
+            per_step.append((s.popular_samples - before.popular_samples) / (s.samples - before.samples))
+            if s.relearns > before.relearns:  # at the start of step k, before its split
+                relearned_after.append(k)
+    windows = [float(np.mean(per_step[i : i + relearn_every])) for i in range(0, len(per_step), relearn_every)]  # equal batch sizes
     per_period = period_steps // relearn_every
     settled, shifted, restored = windows[per_period - 1], windows[per_period], windows[per_period + 1]
     return {
         "relearn_every": relearn_every,
         "drift_period_steps": period_steps,
+        "popular_fraction_per_step": per_step,
+        "relearned_after_steps": relearned_after,
+        "shifted_after_steps": list(range(period_steps, len(per_step), period_steps)),
         "popular_fraction_per_window": windows,
         "settled": settled,
         "after_shift": shifted,
@@ -382,26 +390,16 @@ def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 
     }
 
 
-def plot(result: dict, path: Path) -> None:
-    panels = 2 if "drift" in result else 1
-    fig, axes = harness.figure(panels)
-    systems = ["in_memory", "slow_tier", "slow_tier_fault_by_fault", "hotline"]
-    speeds = [result["systems"][s]["samples_per_s"] for s in systems]
-    ax = axes[0]
-    ax.bar(["(a) all\nin RAM", "(b) slow\ntier", "(b0) fault\nby fault", "(c)\nHotline"], speeds, color=["#888", "#c44", "#e99", "#48c"])
-    ax.set_ylabel("training samples/s")
-    ax.set_title(f"tables {result['table_bytes'] / 2**30:.1f} GiB, page cache {result['page_cache_bytes'] / 2**30:.2f} GiB")
-    if panels == 2:
+def plot(result: dict, out: Path) -> None:
+    """``hotline-speed.png``: samples/s and disk reads per step of every system; with the
+    drift run, ``hotline-drift.png``: its popular fraction per mini-batch, re-learning and
+    shifts marked."""
+    harness.save_png(systems_figure(result["systems"]), out / "hotline-speed.png")
+    if "drift" in result:
         d = result["drift"]
-        ax = axes[1]
-        w = d["popular_fraction_per_window"]
-        ax.plot(np.arange(1, len(w) + 1) * d["relearn_every"], w, marker="o")
-        for x in range(d["drift_period_steps"], len(w) * d["relearn_every"], d["drift_period_steps"]):
-            ax.axvline(x, color="#c44", linestyle="--")
-        ax.set_xlabel("mini-batch (end of relearn window)")
-        ax.set_ylabel("popular-input fraction")
-        ax.set_title("drifting popularity (dashed: shift)")
-    harness.save_png(fig, path)
+        harness.save_png(
+            popular_fraction_figure(d["popular_fraction_per_step"], d["relearned_after_steps"], d["shifted_after_steps"]), out / "hotline-drift.png"
+        )
 
 
 def main() -> None:
@@ -444,7 +442,7 @@ def main() -> None:
         result["drift"] = drift(setup, args.out)
         d = result["drift"]
         print(f"drift: popular {d['settled']:.2f} settled, {d['after_shift']:.2f} after the shift, {d['one_relearn_later']:.2f} one relearn later")
-    plot(result, args.out / "hotline-speed.png")
+    plot(result, args.out)
     harness.finish(result, args.out / "hotline-speed.json")
 
 

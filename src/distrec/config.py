@@ -229,8 +229,8 @@ class HotlineConfig:
     ``hot_budget``: fast-tier bytes for hot rows (weights, optimizer state, ids), e.g. '512MB'.
     ``sample_rate``: fraction of mini-batches the access logger counts. ``relearn_every``:
     mini-batches between re-selections of the hot set (the first window is the learning
-    phase). ``logger_size``: the logger's memory (default: 52 bytes per row the budget
-    holds). ``slow_tier``: ``disk`` (a memory-mapped file), ``host`` (host memory, pinned
+    phase). ``logger_size``: the logger's memory (default: 4 MiB, whatever the budget, as the
+    paper's; docs/hotline.md). ``slow_tier``: ``disk`` (a memory-mapped file), ``host`` (host memory, pinned
     for a GPU) or ``auto`` (host with a GPU, disk without); ``slow_tier_dir``: where the
     disk tier's file goes (default: the run's output directory). ``place_threads``: with a
     disk tier, run the step on CPUs that do not handle the disk's interrupts and the

@@ -113,7 +113,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
 
     from distrec.config import auto_batch_size
     from distrec.data import Dataset, prepare
-    from distrec.hotline.access_logger import AccessLogger, logger_bytes_for, measure_recall
+    from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger, logger_bytes_for, measure_recall
     from distrec.hotline.hot_set import hot_row_bytes
     from distrec.hotline.measure import batch_ids, default_top_k, plot_popularity, plot_recall, popularity_curve
     from distrec.hotline.row_state import row_state_floats
@@ -150,15 +150,16 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
         budgets = [int(b) for b in np.geomspace(max(row_bytes, seen_bytes / 1000), seen_bytes, DEFAULT_BUDGET_POINTS)]
     budgets = sorted({*budgets, hot_budget})
     hot_rows = min(hot_budget // row_bytes, space.total_rows)
-    logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
-    curve = popularity_curve(stream, space, row_bytes, budgets, AccessLogger(logger_bytes, h.sample_rate, seed=cfg.train.seed))
+    logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
+    logger = AccessLogger(logger_bytes, h.sample_rate, seed=cfg.train.seed, total_rows=space.total_rows)
+    curve = popularity_curve(stream, space, row_bytes, budgets, logger)
     title = f"{cfg.data.format}: {len(stream)} batches of {cfg.train.batch_size}, logger sample rate {h.sample_rate:g}"
     plot_popularity(curve, out / "hotline-popularity.png", title)
 
     k = args.top_k or default_top_k(ids, hot_rows)
-    capacities = [max(1, int(logger_bytes_for(k) * f)) for f in LOGGER_SIZE_FACTORS]
-    recall = measure_recall(ids, space.total_rows, k, capacities, args.sample_rates, seed=cfg.train.seed)
-    plot_recall(recall, k, out / "hotline-recall.png", f"{cfg.data.format}: access logger recall")
+    capacities = sorted({logger_bytes, *(max(1, int(logger_bytes_for(k) * f)) for f in LOGGER_SIZE_FACTORS)})
+    recall = measure_recall(ids, space.total_rows, [k], capacities, args.sample_rates, seed=cfg.train.seed)
+    plot_recall(recall, out / "hotline-recall.png", f"{cfg.data.format}: access logger recall", {"default": logger.nbytes})
 
     result = {
         "data": cfg.data.format if cfg.data.path is None else f"{cfg.data.format}:{cfg.data.path}",

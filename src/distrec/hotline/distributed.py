@@ -27,7 +27,7 @@ from torch import nn
 
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
-from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
+from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
 from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, split_batch
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
@@ -81,9 +81,9 @@ class DistributedHotlineTraining:
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
         self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(embedding_optimizer, self.embeddings.dim))
         self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
-        hot_rows = min(self.budget_bytes // self.row_bytes, self.embeddings.space.total_rows)
-        logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
-        self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed) if self.rank == 0 else None
+        logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
+        total_rows = self.embeddings.space.total_rows
+        self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed, total_rows=total_rows) if self.rank == 0 else None
         self.relearn_every = h.relearn_every
         self.counters = PipelineStats()
         self._sampled_at_relearn = 0

@@ -4,13 +4,18 @@
 each fast-tier budget, the fraction of inputs that are popular (every index hot) and the
 fraction of lookups served hot, with the hot set chosen two ways: by exact counts of the
 whole stream (the best any logger could do) and by the access logger as training runs it
-(sampled mini-batches, bounded memory). ``plot_popularity`` and ``plot_recall`` draw them.
+(sampled mini-batches, bounded memory). ``plot_popularity`` and ``plot_recall`` draw them;
+``logger_size_figure`` draws the logger's recall versus its memory for several streams (the
+paper's Fig. 27), ``systems_figure`` and ``popular_fraction_figure`` what
+``benchmarks/hotline.py`` measures: speed and disk reads per system, and the popular fraction
+over time as the hot set is re-learned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +23,9 @@ from distrec.data.batch import Batch
 from distrec.hotline.access_logger import AccessLogger, ExactCounter
 from distrec.hotline.hot_set import sample_of_lookups
 from distrec.hotline.rows import RowSpace
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NEVER_HOT = np.iinfo(np.int64).max  # rank of a row the ranking does not hold
 
@@ -86,14 +94,22 @@ def default_top_k(batches: Sequence[np.ndarray], hot_rows: int) -> int:
     return max(1, min(hot_rows, distinct // 10))
 
 
+def _figure(width: float, height: float) -> Figure:
+    """A matplotlib Figure drawn without pyplot or a display."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _fraction_plot(lines: list[tuple[Sequence[float], Sequence[float], dict]], xlabel: str, ylabel: str, title: str, path: str | Path) -> None:
     """Lines ``(x, y, matplotlib style)`` of fractions over a log-scale x axis, saved as a PNG."""
-    import matplotlib
+    from distrec.report import save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = _figure(6, 4)
+    ax = fig.subplots()
     for x, y, style in lines:
         ax.plot(x, y, **style)
     ax.set_xscale("log")
@@ -104,8 +120,7 @@ def _fraction_plot(lines: list[tuple[Sequence[float], Sequence[float], dict]], x
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, Path(path))
 
 
 def plot_popularity(curve: dict, path: str | Path, title: str) -> None:
@@ -119,10 +134,81 @@ def plot_popularity(curve: dict, path: str | Path, title: str) -> None:
     _fraction_plot(lines, "hot budget (MiB)", "fraction", title, path)
 
 
-def plot_recall(results: list[dict], k: int, path: str | Path, title: str) -> None:
-    """The logger's recall of the true top-``k`` rows versus its memory, one line per sample rate."""
-    lines = []
-    for rate in sorted({r["sample_rate"] for r in results}):
-        points = sorted((r["logger_bytes"] / 2**10, r["recall"]) for r in results if r["sample_rate"] == rate)
-        lines.append(([p[0] for p in points], [p[1] for p in points], dict(marker="o", label=f"sample rate {rate:g}")))
-    _fraction_plot(lines, "logger memory (KiB)", f"recall of the top {k} rows", title, path)
+def logger_size_figure(results_by_stream: Mapping[str, list[dict]], marks_bytes: Mapping[str, int] | None = None) -> Figure:
+    """The logger's recall of the true top-``k`` rows (top row of panels) and the accesses its
+    top ``k`` serve relative to the true top ``k``'s (bottom row) versus its memory (log
+    scale), one column per stream (``measure_recall`` results), one line per (k, sample
+    rate); dotted, the same for a logger of unbounded memory (exact counts of the same
+    sampled mini-batches); dashed verticals at ``marks_bytes`` (name -> bytes)."""
+    streams = list(results_by_stream.items())
+    fig = _figure(5.0 * len(streams), 7.0)
+    axes = fig.subplots(2, len(streams), squeeze=False)
+    metrics = (("recall", "recall of the true top k rows"), ("access_coverage", "accesses served, of the true top k's"))
+    for col, (title, results) in enumerate(streams):
+        for row, (metric, ylabel) in enumerate(metrics):
+            ax = axes[row][col]
+            for i, (k, rate) in enumerate(sorted({(r["k"], r["sample_rate"]) for r in results})):
+                points = sorted((r["logger_bytes"], r[metric], r[f"unbounded_{metric}"]) for r in results if (r["k"], r["sample_rate"]) == (k, rate))
+                mib = [p[0] / 2**20 for p in points]
+                ax.plot(mib, [p[1] for p in points], marker="o", color=f"C{i}", label=f"top {k:,}, sample rate {rate:g}")
+                ax.plot([mib[0], mib[-1]], [points[0][2]] * 2, linestyle=":", color=f"C{i}", label="  unbounded logger")
+            for name, nbytes in (marks_bytes or {}).items():
+                ax.axvline(nbytes / 2**20, color="#888", linestyle="--", linewidth=1)
+                ax.annotate(name, (nbytes / 2**20, 0.98), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color="#555", ha="right", va="top")
+            ax.set_xscale("log")
+            if metric == "recall":
+                ax.set_ylim(0, 1.02)
+            else:  # often all near 1: zoomed, but never to less than 0.95-1
+                ax.set_ylim(min(0.95, ax.get_ylim()[0]), 1.002)
+            ax.set_xlabel("logger memory (MiB)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_recall(results: list[dict], path: str | Path, title: str, marks_bytes: Mapping[str, int] | None = None) -> Path:
+    """``logger_size_figure`` of one stream's ``measure_recall`` results, as a PNG (atomically)."""
+    from distrec.report import save_figure
+
+    return save_figure(logger_size_figure({title: results}, marks_bytes), Path(path))
+
+
+def systems_figure(systems: Mapping[str, Mapping[str, float]]) -> Figure:
+    """Per system (name -> figures with ``samples_per_s`` and ``disk_read_kib_per_step``), its
+    training samples/s (left) and the bytes it read from disk per step (right), as bars."""
+    fig = _figure(10.0, 4.0)
+    speed, disk = fig.subplots(1, 2)
+    names = [name.replace("_", " ") for name in systems]
+    colors = [f"C{i}" for i in range(len(names))]
+    speed.bar(names, [s["samples_per_s"] for s in systems.values()], color=colors)
+    speed.set_ylabel("training samples/s")
+    disk.bar(names, [s["disk_read_kib_per_step"] for s in systems.values()], color=colors)
+    disk.set_ylabel("KiB read from disk per step")
+    for ax in (speed, disk):
+        ax.set_xlabel("system")
+        ax.tick_params(axis="x", labelsize=8, rotation=15)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def popular_fraction_figure(popular_fraction: Sequence[float], relearn_steps: Sequence[int], shift_steps: Sequence[int] = ()) -> Figure:
+    """The popular fraction of every mini-batch (x: its step, from 1) with the re-learning
+    points (solid verticals, after that step) and the popularity shifts (dashed) marked."""
+    fig = _figure(8.0, 4.0)
+    ax = fig.subplots()
+    ax.plot(np.arange(1, len(popular_fraction) + 1), popular_fraction, marker=".", linewidth=1, label="popular inputs of the mini-batch")
+    for i, step in enumerate(relearn_steps):
+        ax.axvline(step + 0.5, color="#2a2", linewidth=1, label="hot set re-learned" if i == 0 else None)
+    for i, step in enumerate(shift_steps):
+        ax.axvline(step + 0.5, color="#c44", linestyle="--", linewidth=1.5, label="popular rows moved" if i == 0 else None)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("mini-batch")
+    ax.set_ylabel("fraction of inputs popular")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

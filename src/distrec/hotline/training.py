@@ -30,7 +30,7 @@ from torch import nn
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.access_logger import AccessLogger, logger_bytes_for
+from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
@@ -126,9 +126,8 @@ class HotlineTraining:
             self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer)
             self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
             total_rows = self.embeddings.space.total_rows
-            hot_rows = min(self.budget_bytes // self.embeddings.hot_row_bytes, total_rows)
-            logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else logger_bytes_for(hot_rows)
-            self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed)
+            logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
+            self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed, total_rows=total_rows)
             disk = self.embeddings.store.slow_directory
             placement = ThreadPlacement.away_from_disk(disk, torch.get_num_threads()) if h.place_threads and disk is not None else None
             self.pipeline = HotlinePipeline(self.embeddings, self.logger, self.budget_bytes, h.relearn_every, placement=placement)
