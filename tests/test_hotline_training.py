@@ -149,6 +149,22 @@ def test_loading_from_a_directory_without_hotline_files_is_a_user_error(tmp_path
         hotline.load(tmp_path)
 
 
+def test_a_logger_file_of_another_format_restarts_the_logger_and_keeps_the_rows(tmp_path, caplog):
+    """An older run's logger file (13-byte entries) or another logger size: the run resumes, its logger empty."""
+    cfg = run_config("sgd", hot_budget="1KB")
+    with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path / "a") as first:
+        for batch in batches(5, STEPS):
+            first.step(batch)
+        first.save(tmp_path / "ckpt")
+        rows = all_rows(first.embeddings)
+    np.savez(tmp_path / "ckpt" / "hotline-logger.npz", keys=np.zeros(4, np.int64), counts=np.zeros(4, np.int32))  # the old layout
+    with HotlineTraining(tiny_model(cfg), cfg, STEPS, tmp_path / "b") as resumed:
+        resumed.load(tmp_path / "ckpt")
+        assert torch.equal(all_rows(resumed.embeddings), rows)
+        assert resumed.logger.sampled_batches == 0 and resumed.logger.counts()[0].size == 0
+    assert "the access logger starts empty" in caplog.text
+
+
 # 1200 synthetic rows (1080 train = 17 batches of 64 per epoch), small tables, one thread
 TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.table_rows=200",
             "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "5", "--no-progress",

@@ -19,6 +19,7 @@ logger's entries as files, since tables may be larger than memory.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ from distrec.train.optim import make_optimizers
 from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
+
+log = logging.getLogger(__name__)
 
 ROWS_FILE = "hotline-rows.npy"  # float32 [rows of all tables, dim + optimizer state]
 HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast tier's rows
@@ -208,7 +211,10 @@ class HotlineTraining:
         hot_ids = np.load(directory / HOT_IDS_FILE)
         self.pipeline.use_hot_set(HotSet.from_global_ids(hot_ids, self.embeddings.space, self.budget_bytes))
         self.embeddings.store.load(directory / ROWS_FILE, progress=self.progress)
-        self.logger.load(directory / LOGGER_FILE)
+        try:
+            self.logger.load(directory / LOGGER_FILE)
+        except DistrecError as e:  # e.g. the older 13-byte entries, or another hotline.logger_size
+            log.warning(f"{e}: the access logger starts empty instead (the hot rows and the model are restored; only the next re-learning sees fewer samples)")
 
     def close(self) -> None:
         """Stop the prefetch worker and release both tiers."""
