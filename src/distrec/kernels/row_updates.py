@@ -28,7 +28,8 @@ ROWS_PER_TASK = 512
 
 
 @numba.njit(parallel=True, cache=True)
-def _sgd_rows(weight, rows, bounds, picks, grad, neg_lr):  # pragma: no cover - compiled
+def _update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, rowwise_adagrad):  # pragma: no cover - compiled
+    """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on each row u."""
     dim = weight.shape[1]
     tasks = (rows.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in numba.prange(tasks):
@@ -36,24 +37,13 @@ def _sgd_rows(weight, rows, bounds, picks, grad, neg_lr):  # pragma: no cover - 
         for u in range(task * ROWS_PER_TASK, min(rows.shape[0], (task + 1) * ROWS_PER_TASK)):
             _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
             r = rows[u]
-            for d in range(dim):
-                weight[r, d] += total[d] * neg_lr
-
-
-@numba.njit(parallel=True, cache=True)
-def _rowwise_adagrad_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps):  # pragma: no cover - compiled
-    dim = weight.shape[1]
-    tasks = (rows.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in numba.prange(tasks):
-        total = np.empty(dim, np.float32)
-        for u in range(task * ROWS_PER_TASK, min(rows.shape[0], (task + 1) * ROWS_PER_TASK)):
-            _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
-            squares = np.float32(0.0)
-            for d in range(dim):
-                squares += total[d] * total[d]
-            r = rows[u]
-            accumulator[r] += squares / np.float32(dim)
-            scale = np.float32(1.0) / (np.sqrt(accumulator[r]) + eps) * neg_lr
+            scale = neg_lr
+            if rowwise_adagrad:
+                squares = np.float32(0.0)
+                for d in range(dim):
+                    squares += total[d] * total[d]
+                accumulator[r] += squares / np.float32(dim)
+                scale = np.float32(1.0) / (np.sqrt(accumulator[r]) + eps) * neg_lr
             for d in range(dim):
                 weight[r, d] += total[d] * scale
 
@@ -92,7 +82,7 @@ def sgd_rows(weight: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, pic
     """
     _threads()
     w, r, b, p, g = _arrays(weight, rows, bounds, picks, grad)
-    _sgd_rows(w, r, b, p, g, np.float32(-lr))
+    _update_rows(w, np.empty(0, np.float32), r, b, p, g, np.float32(-lr), np.float32(0.0), False)
 
 
 def rowwise_adagrad_rows(
@@ -112,4 +102,4 @@ def rowwise_adagrad_rows(
     """
     _threads()
     w, s, r, b, p, g = _arrays(weight, accumulator, rows, bounds, picks, grad)
-    _rowwise_adagrad_rows(w, s, r, b, p, g, np.float32(-lr), np.float32(eps))
+    _update_rows(w, s, r, b, p, g, np.float32(-lr), np.float32(eps), True)
