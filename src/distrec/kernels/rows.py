@@ -9,6 +9,7 @@ call (no per-block hand-offs, no OpenMP barriers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -27,6 +28,24 @@ def _workers(count: int) -> ThreadPoolExecutor:
     return _pool
 
 
+def split_over_threads(count: int, work: Callable[[int, int], None], threads: int | None = None) -> None:
+    """Call ``work(start, end)`` on disjoint slices covering [0, count), one slice per thread.
+
+    The calling thread does the first slice; ``work`` must release the GIL to gain anything
+    (torch operators and ``nogil`` numba functions do). At most ``threads`` (default
+    ``torch.get_num_threads()``) slices, none shorter than ``MIN_ROWS_PER_THREAD``.
+    """
+    parts = max(1, min(threads or torch.get_num_threads(), count // MIN_ROWS_PER_THREAD))
+    if parts == 1:
+        work(0, count)
+        return
+    bounds = [count * i // parts for i in range(parts + 1)]
+    pending = [_workers(parts - 1).submit(work, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    work(0, bounds[1])
+    for job in pending:
+        job.result()
+
+
 def add_to_distinct_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, threads: int | None = None) -> None:
     """``weight[rows[k]] += delta[k]`` for every k, where ``rows`` holds no row twice.
 
@@ -43,13 +62,4 @@ def add_to_distinct_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.
         [1.0, 0.0, 0.0, 1.0]
     """
     weight = weight.detach()  # autograd's no-grad mode does not reach the worker threads
-    n = rows.numel()
-    parts = max(1, min(threads or torch.get_num_threads(), n // MIN_ROWS_PER_THREAD))
-    if parts == 1:
-        weight.index_add_(0, rows, delta)
-        return
-    bounds = [n * i // parts for i in range(parts + 1)]
-    pending = [_workers(parts - 1).submit(weight.index_add_, 0, rows[a:b], delta[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
-    weight.index_add_(0, rows[: bounds[1]], delta[: bounds[1]])
-    for job in pending:
-        job.result()
+    split_over_threads(rows.numel(), lambda a, b: weight.index_add_(0, rows[a:b], delta[a:b]), threads)
