@@ -61,9 +61,9 @@ class ModelConfig:
     top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
     ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
 
-    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM (``distrec.models.dmt``):
-    one tower module per tower of ``parallel.towers`` maps the tower's pooled embeddings to
-    vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
+    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM and a DCN a DMT-DCN
+    (``distrec.models.dmt``): one tower module per tower of ``parallel.towers`` maps the
+    tower's pooled embeddings to vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
     ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
     the DLRM tower's c and p, ``tower_cross_layers`` the DCN tower's cross layers.
     """
@@ -568,8 +568,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
     if m.tower_module is not None:
-        if m.arch != "dlrm" or m.interaction != "dot":
-            raise DistrecError("model.tower_module needs model.arch dlrm with the dot interaction (DMT-DLRM); use a DLRM preset")
         if cfg.parallel.towers is None and cfg.parallel.hosts is None:
             raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
         if m.tower_compression <= 0 or (m.tower_dim is not None and m.tower_dim < 1):

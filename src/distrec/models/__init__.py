@@ -1,4 +1,4 @@
-"""Click models (DLRM, DCN-v2, DMT-DLRM) built from fused embedding bags, interactions and
+"""Click models (DLRM, DCN-v2, and their DMT forms) built from fused embedding bags, interactions and
 MLPs. Models know nothing of ranks: ``distrec.parallel`` applies parallelism from outside.
 
 Paper concept -> module:
@@ -8,7 +8,8 @@ Paper concept -> module:
   ``mlp``; the model -> ``dlrm``
 - DCN-v2 (Wang et al., WWW 2021): cross network -> ``interaction``; the model -> ``dcn``
 - DMT (Luo et al., MLSys 2024): tower modules (DLRM- and DCN-style compression of a tower's
-  embeddings) -> ``tower_modules``; DMT-DLRM -> ``dmt``; its cost and compression (Tables 4-5)
+  embeddings) -> ``tower_modules``; the towers' outputs, which DLRM and DCN take in place of
+  their pooled embeddings (DMT-DLRM, DMT-DCN) -> ``dmt``; the cost and compression (Tables 4-5)
   -> ``dmt_cost``
 - the contract every model shares (replaceable ``embeddings``, parameter groups) -> ``base``;
   building from a config -> ``build``

@@ -9,7 +9,7 @@ from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.dcn import DCN
 from distrec.models.dlrm import DLRM
-from distrec.models.dmt import DmtDLRM, tower_spec
+from distrec.models.dmt import TowerLayout, tower_spec
 from distrec.tables import TableConfig
 
 
@@ -23,8 +23,8 @@ def build_model(
     """The model that ``model_cfg`` describes, for ``num_dense`` dense features and ``tables``.
 
     Every table must have ``dim == model_cfg.embedding_dim`` (build the tables with it).
-    With ``model_cfg.tower_module`` set it is a DMT-DLRM over ``towers`` (feature indices of
-    each tower, see ``distrec.towers.partition.resolve_towers``).
+    With ``model_cfg.tower_module`` set it is the DMT form of the model (DMT-DLRM, DMT-DCN)
+    over ``towers`` (feature indices of each tower, see ``distrec.towers.partition.resolve_towers``).
 
     Example:
         >>> cfg = ModelConfig(); apply_preset(cfg, "tiny")
@@ -35,12 +35,11 @@ def build_model(
             raise DistrecError(
                 f"table {t.name!r} has dim {t.dim} but model.embedding_dim is {model_cfg.embedding_dim}; build the tables with dim=model.embedding_dim"
             )
+    layout = None
     if model_cfg.tower_module is not None:
         if towers is None:
             raise DistrecError("a model with tower modules needs towers; pass --towers FILE from 'distrec partition'")
-        spec = tower_spec(model_cfg, [len(t) for t in towers])
-        dmt = DmtDLRM(num_dense, tables, towers, spec, model_cfg.bottom_mlp, model_cfg.top_mlp, model_cfg.self_interaction)
-        return dmt.to(device)
+        layout = TowerLayout(towers, tower_spec(model_cfg, [len(t) for t in towers]))
     if model_cfg.arch == "dlrm":
         return DLRM(
             num_dense,
@@ -50,6 +49,7 @@ def build_model(
             model_cfg.interaction,
             model_cfg.self_interaction,
             device=device,
+            towers=layout,
         )
     if model_cfg.arch == "dcn":
         return DCN(
@@ -61,5 +61,6 @@ def build_model(
             model_cfg.deep_mlp,
             model_cfg.bottom_mlp,
             device=device,
+            towers=layout,
         )
     raise DistrecError(f"model.arch is {model_cfg.arch!r}; choose dlrm or dcn")

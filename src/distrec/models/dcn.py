@@ -8,7 +8,7 @@ from torch import nn
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
-from distrec.models.embedding import EmbeddingBagCollection
+from distrec.models.dmt import TowerLayout, pooled_embeddings
 from distrec.models.interaction import CrossNet
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
@@ -20,7 +20,9 @@ class DCN(RecommendationModel):
     The input x0 concatenates the dense features (raw, or through a bottom MLP
     ``num_dense -> *bottom_mlp -> D`` when ``bottom_mlp`` is not empty) with the F pooled
     embeddings. ``"parallel"``: CrossNet(x0) and DeepMLP(x0) side by side, concatenated;
-    ``"stacked"``: DeepMLP(CrossNet(x0)). A final linear layer gives the logit.
+    ``"stacked"``: DeepMLP(CrossNet(x0)). A final linear layer gives the logit. With
+    ``towers`` it is DMT-DCN (Luo et al., MLSys 2024): x0 holds the K tower outputs of width
+    D (``distrec.models.dmt``) instead of the F pooled embeddings, and the bottom MLP ends in D.
 
     Args:
         num_dense: dense features per sample (0 allowed).
@@ -31,6 +33,7 @@ class DCN(RecommendationModel):
         deep_mlp: hidden widths of the deep network (ReLU after each).
         bottom_mlp: hidden widths of an optional dense-feature MLP ([] = raw features).
         device: where to allocate the parameters.
+        towers: DMT's towers and tower modules (None: no towers).
 
     Example:
         >>> DCN(13, tables, cross_layers=3, cross_low_rank=0, structure="parallel", deep_mlp=[512, 256])(batch).shape
@@ -47,15 +50,16 @@ class DCN(RecommendationModel):
         deep_mlp: list[int],
         bottom_mlp: list[int],
         device: torch.device | str | None = None,
+        towers: TowerLayout | None = None,
     ) -> None:
         super().__init__()
         if structure not in ("parallel", "stacked"):
             raise DistrecError(f"model.dcn_structure is {structure!r}; choose parallel or stacked")
-        self.embeddings = EmbeddingBagCollection(tables, device=device)
+        self.embeddings = pooled_embeddings(tables, towers, device)
         dim = self.embeddings.dim
         use_bottom = bool(bottom_mlp) and num_dense > 0
         self.bottom = mlp([num_dense, *bottom_mlp, dim], final_activation=True, device=device) if use_bottom else None
-        width = (dim if use_bottom else num_dense) + len(tables) * dim
+        width = (dim if use_bottom else num_dense) + self.embeddings.num_vectors * dim
         self.structure = structure
         self.cross = CrossNet(width, cross_layers, cross_low_rank, device=device)
         self.deep = mlp([width, *deep_mlp], final_activation=True, device=device)

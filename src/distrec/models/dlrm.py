@@ -7,7 +7,7 @@ import torch
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
-from distrec.models.embedding import EmbeddingBagCollection
+from distrec.models.dmt import TowerLayout, pooled_embeddings
 from distrec.models.interaction import CatInteraction, DotInteraction
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
@@ -20,6 +20,8 @@ class DLRM(RecommendationModel):
     feature is pooled from its table into a D-vector; the interaction (pairwise dots with
     the dense vector prepended, or concatenation) feeds the top MLP ``-> *top_mlp -> 1``.
     Without dense features the bottom MLP is left out and only the sparse vectors interact.
+    With ``towers`` it is DMT-DLRM (Luo et al., MLSys 2024): the sparse vectors are the K
+    tower outputs of width D (``distrec.models.dmt``), and the bottom MLP ends in D.
 
     Args:
         num_dense: dense features per sample (0 allowed).
@@ -29,6 +31,7 @@ class DLRM(RecommendationModel):
         interaction: ``"dot"`` or ``"cat"``.
         self_interaction: include each vector's dot product with itself.
         device: where to allocate the parameters.
+        towers: DMT's towers and tower modules (None: no towers).
 
     Example:
         >>> model = DLRM(13, tables, bottom_mlp=[512, 256], top_mlp=[512, 256])
@@ -45,17 +48,18 @@ class DLRM(RecommendationModel):
         interaction: str = "dot",
         self_interaction: bool = False,
         device: torch.device | str | None = None,
+        towers: TowerLayout | None = None,
     ) -> None:
         super().__init__()
-        self.embeddings = EmbeddingBagCollection(tables, device=device)
-        dim = self.embeddings.dim
+        self.embeddings = pooled_embeddings(tables, towers, device)
+        dim, num_vectors = self.embeddings.dim, self.embeddings.num_vectors
         self.bottom = mlp([num_dense, *bottom_mlp, dim], final_activation=True, device=device) if num_dense > 0 else None
         if interaction == "dot":
-            self.interaction = DotInteraction(len(tables), has_dense=num_dense > 0, self_interaction=self_interaction)
+            self.interaction = DotInteraction(num_vectors, has_dense=num_dense > 0, self_interaction=self_interaction)
             width = self.interaction.output_width(dim)
         elif interaction == "cat":
             self.interaction = CatInteraction()
-            width = dim * (len(tables) + int(num_dense > 0))
+            width = dim * (num_vectors + int(num_dense > 0))
         else:
             raise DistrecError(f"model.interaction is {interaction!r}; choose dot or cat")
         self.top = mlp([width, *top_mlp, 1], device=device)

@@ -16,7 +16,7 @@ from distrec.tables import TableConfig
 
 
 def dmt_cost(model_cfg: ModelConfig, num_dense: int, tables: list[TableConfig], towers: Sequence[Sequence[int]], rows: int = 64) -> dict:
-    """The DMT paper's Tables 4-5 columns for a DMT-DLRM and its baseline (the same config without towers).
+    """The DMT paper's Tables 4-5 columns for a DMT model (DLRM or DCN) and its baseline (the same config without towers).
 
     Returns ``compression`` (floats per sample crossing hosts without towers / with them),
     ``mflops_per_sample`` (forward, matrix products only, see ``mflops_per_sample``) and

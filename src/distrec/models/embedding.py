@@ -267,6 +267,11 @@ class EmbeddingBagCollection(nn.Module):
     def num_features(self) -> int:
         return len(self.tables)
 
+    @property
+    def num_vectors(self) -> int:
+        """Pooled vectors per sample: one per feature."""
+        return len(self.tables)
+
     def reset_parameters(self) -> None:
         """Uniform in +-sqrt(1 / num_rows) per table (DLRM reference initialisation), from a
         new seed drawn from torch's global generator (one draw, whatever the table sizes)."""
