@@ -27,7 +27,7 @@ MULTI_PROCESS_SETTINGS: dict[str, Callable[[ParallelConfig], bool]] = {
 class SingleProcess(BlockMode):
     """One process, whole tables: the reference every other mode must equal.
 
-    A DMT-DLRM's towers come from ``parallel.towers``, else strided over ``parallel.tower_count``.
+    A DMT model's towers come from ``parallel.towers``, else strided over ``parallel.tower_count``.
     """
 
     name = "single"

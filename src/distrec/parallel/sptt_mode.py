@@ -72,7 +72,7 @@ class Sptt(Sharded):
 class SpttTowers(Sptt):
     """SPTT with DMT's tower modules: host h runs tower h's module on its tables' pooled
     embeddings before they cross hosts (step (e)); the module's gradients are summed inside
-    the host. Equals the one-process DMT-DLRM."""
+    the host. Equals the one-process DMT model (DMT-DLRM or DMT-DCN)."""
 
     name = "sptt-towers"
 
