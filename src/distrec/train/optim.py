@@ -162,7 +162,15 @@ class SparseRowOptimizer(Optimizer):
             group.setdefault("weight_decay", 0.0)  # state saved before weight decay existed
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
-        """Apply one step to the rows of ``param`` that ``grad`` touches."""
+        """Apply one step to the rows of ``param`` that ``grad`` touches: the one-pass kernel
+        for float32 CPU weights when there is one, else the torch operators."""
+        if self.fuses_rows and fused_update(param):
+            self.update_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group, state)
+        else:
+            self.update_with_operators(param, grad, group, state)
+
+    def update_with_operators(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
+        """``update`` in torch operators (any device and dtype)."""
         raise NotImplementedError
 
 
@@ -183,10 +191,7 @@ class SparseSGD(SparseRowOptimizer):
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
         row_updates().sgd_rows(param, rows, bounds, picks, grad, group["lr"])
 
-    def update(self, param, grad, group, state):
-        if fused_update(param):
-            self.update_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group, state)
-            return
+    def update_with_operators(self, param, grad, group, state):
         entries = gradient_rows(grad)
         # index_add_ without alpha takes the vectorised path; with alpha it is ~7x slower on CPU
         if has_distinct_rows(grad):  # scattered by all threads
@@ -231,10 +236,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
         row_updates().rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
 
-    def update(self, param, grad, group, state):
-        if fused_update(param):
-            self.update_rows(param, *row_grouping(grad), gradient_rows(grad)[1].contiguous(), group, state)
-            return
+    def update_with_operators(self, param, grad, group, state):
         accumulator = self.accumulator(param, group, state)
         for rows, g in row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK):
             add_to_distinct_rows(accumulator, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
@@ -264,7 +266,7 @@ class LazyAdam(SparseRowOptimizer):
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def update(self, param, grad, group, state):
+    def update_with_operators(self, param, grad, group, state):
         if not state:
             state["step"] = 0
             state["exp_avg"] = torch.zeros_like(param)
