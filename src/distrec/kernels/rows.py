@@ -28,14 +28,15 @@ def _workers(count: int) -> ThreadPoolExecutor:
     return _pool
 
 
-def split_over_threads(count: int, work: Callable[[int, int], None], threads: int | None = None) -> None:
+def split_over_threads(count: int, work: Callable[[int, int], None], threads: int | None = None, min_per_thread: int | None = None) -> None:
     """Call ``work(start, end)`` on disjoint slices covering [0, count), one slice per thread.
 
     The calling thread does the first slice; ``work`` must release the GIL to gain anything
     (torch operators and ``nogil`` numba functions do). At most ``threads`` (default
-    ``torch.get_num_threads()``) slices, none shorter than ``MIN_ROWS_PER_THREAD``.
+    ``torch.get_num_threads()``) slices, none shorter than ``min_per_thread`` (default
+    ``MIN_ROWS_PER_THREAD``).
     """
-    parts = max(1, min(threads or torch.get_num_threads(), count // MIN_ROWS_PER_THREAD))
+    parts = max(1, min(threads or torch.get_num_threads(), count // (min_per_thread or MIN_ROWS_PER_THREAD)))
     if parts == 1:
         work(0, count)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import NamedTuple, Protocol
 
 import torch
@@ -208,6 +209,47 @@ class _SumPooling(torch.autograd.Function):
         return sparse, None
 
 
+def bag_kernels() -> ModuleType:
+    """``distrec.kernels.bags``, imported on first use (numba adds about a second to a process's start)."""
+    from distrec.kernels import bags
+
+    return bags
+
+
+class _SegmentPooling(torch.autograd.Function):
+    """``pool_sum`` of bags given as ``distrec.kernels.bags.Segments``, by the compiled kernels:
+    the same results, gradient and in-backward update, without the shifted rows, the bag of each
+    row or a transpose of the pooled vectors."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, segments) -> torch.Tensor:
+        ctx.segments = segments
+        ctx.weight_shape = weight.shape
+        ctx.update = getattr(weight, ROW_UPDATE, None)
+        return bag_kernels().pool(weight, segments)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        grad = grad.contiguous()
+        rows, bounds, picks = bag_kernels().group(ctx.segments)
+        if ctx.update is not None:
+            ctx.update(rows, bounds, picks, grad)
+            return None, None
+        values = F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True)
+        return torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=True), None
+
+
+def pool_segments(weight: torch.Tensor, segments) -> torch.Tensor:
+    """``pool_sum`` for float32 CPU weights, of bags in segments (``distrec.kernels.bags.Segments``):
+    [segments.num_out, D]. Raises ``distrec.kernels.bags.IndexOutsideTable``."""
+    return _SegmentPooling.apply(weight, segments)
+
+
+def pools_by_kernels(weight: torch.Tensor) -> bool:
+    """Whether multi-hot bags of ``weight`` pool through ``pool_segments`` (float32 CPU weights)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
     """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D]. The gradient of ``weight``
     is sparse COO (one entry per lookup for single-row bags, else one per distinct row), or
@@ -260,6 +302,7 @@ class EmbeddingBagCollection(nn.Module):
             starts.append(starts[-1] + t.num_rows)
         self._row_range = {t.name: (starts[i], starts[i + 1]) for i, t in enumerate(tables)}
         self.register_buffer("row_offsets", torch.tensor(starts[:-1], dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("table_num_rows", torch.tensor([t.num_rows for t in tables], dtype=torch.int64, device=device), persistent=False)
         self.weight = nn.Parameter(torch.empty(starts[-1], self.dim, device=device))
         self.reset_parameters()
 
@@ -301,9 +344,18 @@ class EmbeddingBagCollection(nn.Module):
             raise DistrecError(
                 f"the batch has {batch.num_features} sparse features but the model has {self.num_features} tables; use the tables of the same data set"
             )
-        self._check_indices(batch)
         shape = (batch.batch_size, self.num_features, self.dim)
-        if batch.sparse_values.numel() == batch.batch_size * self.num_features:  # single-hot: reorder the indices
+        single_hot = batch.sparse_values.numel() == batch.batch_size * self.num_features
+        if not single_hot and pools_by_kernels(self.weight):  # the kernels check the indices as they go
+            kernels = bag_kernels()
+            segments = kernels.feature_segments(batch.sparse_values, batch.sparse_offsets, self.row_offsets, self.table_num_rows)
+            try:
+                return pool_segments(self.weight, segments).view(shape)
+            except kernels.IndexOutsideTable:
+                self._check_indices(batch)
+                raise
+        self._check_indices(batch)
+        if single_hot:  # reorder the indices
             bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
             if bags.bag_of_row is None:
                 return pool_sum(self.weight, bags).view(shape)

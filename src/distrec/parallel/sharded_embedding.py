@@ -34,7 +34,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.models.embedding import bags_of_rows, pool_sum
+from distrec.models.embedding import bag_kernels, bags_of_rows, pool_segments, pool_sum, pools_by_kernels
 from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.plan import ShardingPlan
@@ -210,6 +210,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         [bags of the group, width]. The fused weights get sparse gradients (``pool_sum``:
         one entry per distinct row with multi-hot bags, so no per-index gradient is made).
         """
+        if len(self.weights) == 1 and values.numel() != lengths.numel() and pools_by_kernels(self.weights[0]):
+            return [self._pool_segments(lengths, values, source_batch)]
         n_local = len(self.local_units)
         device = values.device
         # unit index and source of every received bag
@@ -230,6 +232,38 @@ class ShardedEmbeddingBagCollection(nn.Module):
             torch.cumsum(g_lengths, 0, out=g_offsets[1:])
             pooled_by_group.append(pool_sum(weight, bags_of_rows(g_rows, g_offsets)))
         return pooled_by_group
+
+    def _pool_segments(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> torch.Tensor:
+        """``_pool`` of multi-hot bags into one fused weight, by the bag kernels (``pool_segments``):
+        each (source, unit) run of bags is a segment of that unit's rows."""
+        n_local = len(self.local_units)
+        kernels = bag_kernels()
+        bag_start = torch.zeros(len(source_batch) * n_local + 1, dtype=torch.int64)
+        torch.cumsum(torch.tensor(source_batch, dtype=torch.int64).repeat_interleave(n_local), 0, out=bag_start[1:])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        units = torch.arange(n_local, dtype=torch.int64)
+        segments = kernels.Segments(
+            values,
+            offsets,
+            bag_start,
+            table=units.repeat(len(source_batch)),
+            out_start=bag_start[:-1],
+            out_stride=torch.ones_like(bag_start[:-1]),
+            table_base=torch.tensor(self.unit_base, dtype=torch.int64),
+            table_rows=torch.tensor([u.num_rows for u in self.local_units], dtype=torch.int64),
+            num_out=lengths.numel(),
+        )
+        try:
+            return pool_segments(self.weights[0], segments)
+        except kernels.IndexOutsideTable as bad:
+            bag = int(torch.searchsorted(offsets, bad.position, right=True)) - 1
+            unit = self.local_units[int(segments.table[int(torch.searchsorted(bag_start, bag, right=True)) - 1])]
+            table = self.tables[unit.feature]
+            raise DistrecError(
+                f"sparse feature {table.name!r} has index {int(values[bad.position])} but its table has {table.num_rows} rows; "
+                f"hash indices into [0, {table.num_rows}) or enlarge the table"
+            ) from None
 
     def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:
         """Pool received bags (ordered source, unit, sample); returns pieces[source][unit] of [B_s, width].

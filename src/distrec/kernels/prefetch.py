@@ -1,0 +1,40 @@
+"""A cache prefetch hint for numba kernels (LLVM's ``llvm.prefetch``).
+
+Gathering or updating rows of a large table in random order is bound by the latency of the
+cache misses. Asking for a row a few iterations before it is used keeps several misses in
+flight, as FBGEMM's embedding kernels do; the hint never faults and changes no result.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+PREFETCH_DISTANCE = 16
+"""Rows ahead that the kernels prefetch: 16 rows gathered one by one (64 floats each) measured
+fastest of 4-32 here; a row much further ahead may be evicted before it is used."""
+
+
+@intrinsic
+def prefetch(typingctx, array, index):  # pragma: no cover - compiled
+    """Hint the CPU to bring ``array[index]`` (a 1-D array) or the start of row ``index`` (2-D) into the cache."""
+    if not isinstance(array, types.Array) or array.ndim not in (1, 2):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        values = context.make_array(array_type)(context, builder, args[0])
+        zero = context.get_constant(types.intp, 0)
+        indices = [args[1]] if array_type.ndim == 1 else [args[1], zero]
+        pointer = cgutils.get_item_pointer(context, builder, array_type, values, indices)
+        byte_pointer = ir.IntType(8).as_pointer()
+        hint = ir.FunctionType(ir.VoidType(), [byte_pointer, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+        function = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0i8")
+        int32 = ir.IntType(32)
+        # read access, high temporal locality, data cache
+        builder.call(function, [builder.bitcast(pointer, byte_pointer), int32(0), int32(3), int32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp), codegen
