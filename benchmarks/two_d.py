@@ -18,7 +18,7 @@ round (median over rounds), the mean iteration time (the slowest rank per step, 
 and warm-up steps left out, median over rounds), per step and
 component (all-to-all, replica sync, dense all-reduce) the bytes and time from the trainer's
 breakdown, and the bytes that crossed the host links (veth counters over the training steps;
-the final evaluation's and checkpoint's traffic measured again and taken out). Next to each,
+the final evaluation's and checkpoint's traffic measured again and taken out; divided by the ranks). Next to each,
 what ``distrec.sim`` predicts (``predict`` / ``predict_two_d``) for the same model, batch and
 tables on the same links: links fitted to all-to-alls timed on the cluster, compute at the
 measured matmul FLOP/s, gloo's ring all-reduce.
@@ -104,7 +104,7 @@ def launch(args: argparse.Namespace, out: Path) -> dict:
     """Train every configuration in rounds on the cluster; the ranks' raw figures."""
     from distrec.io import atomic_write_json
 
-    result_file = out / "two_d.rank0.json"
+    result_file = out / "two_d.rank0.json"  # the ranks' raw figures
     result_file.unlink(missing_ok=True)
     runs = {name: overrides(args, out, c) for name, c in configurations(args).items()}
     spec = {"runs": runs, "out": str(out), "warmup": args.warmup, "rounds": args.rounds, "hosts": args.hosts,
@@ -245,7 +245,8 @@ def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
             "ms": {k: sum(med(f"{p}_ms") for p in parts) for k, parts in COMPONENTS.items()},
             "breakdown_bytes": bytes_per_step,
             "bytes": measured_as_simulated(bytes_per_step, ranks, ranks // c["groups"]),
-            "link_bytes": med("link_bytes_per_step") if rounds[0]["link_bytes_per_step"] is not None else None,
+            # the hosts' links carry every rank's cross-host bytes: per rank, as the simulator counts
+            "link_bytes": med("link_bytes_per_step") / ranks if rounds[0]["link_bytes_per_step"] is not None else None,
             "auc": med("auc"),
         }
         entry = {"measured": measured}
@@ -346,6 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-netns", action="store_true", help="plain processes on the loopback (CI-safe)")
     p.add_argument("--quick", action="store_true", help="a short run: fewer steps and rounds, smaller batch and model, one seed")
     p.add_argument("--out", default="runs/two_d", help="folder of the JSON results and the runs")
+    p.add_argument("--report-only", action="store_true", help="compare again from the cluster runs' OUT/two_d.rank0.json (same options)")
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; options given still count
         p.set_defaults(steps=12, warmup=2, global_batch=256, eval_rows=256, dim=8, table_rows=500, rounds=1, seeds=[0])
     args = p.parse_args(argv)
@@ -365,7 +367,12 @@ def main(argv: list[str] | None = None) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the namespaces' cleanup on kill too
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cluster = compare(launch(args, out), args, out) if "cluster" in args.parts else None
+    raw_file = out / "two_d.rank0.json"
+    if "cluster" in args.parts:
+        raw = json.loads(raw_file.read_text()) if args.report_only else launch(args, out)
+        cluster = compare(raw, args, out)
+    else:
+        cluster = None
     if cluster is not None:
         print_table(cluster)
     auc = auc_runs(args, out) if "auc" in args.parts else None
