@@ -207,7 +207,7 @@ def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduc
     from distrec.sim.calibrate import fit_link
     from distrec.sim.cluster import Cluster, LinkParams
 
-    samples = {k: v for k, v in calibration.items() if k != "flops_per_s" and len(v) >= 2}
+    samples = {k: v for k, v in calibration.items() if isinstance(v, list) and len(v) >= 2}  # the links' timings
     if "intra_host" not in samples:
         return None, None
     try:

@@ -20,8 +20,11 @@ component (all-to-all, replica sync, dense all-reduce) the bytes and time from t
 breakdown, and the bytes that crossed the host links (veth counters over the training steps;
 the final evaluation's and checkpoint's traffic measured again and taken out; divided by the ranks). Next to each,
 what ``distrec.sim`` predicts (``predict`` / ``predict_two_d``) for the same model, batch and
-tables on the same links: links fitted to all-to-alls timed on the cluster, compute at the
-measured matmul FLOP/s, gloo's ring all-reduce.
+tables on the same links: links fitted to all-to-alls timed on the cluster, gloo's ring
+all-reduce, the synthetic data's Zipf exponent (the rows exact sync moves), and as compute one
+process's training step of the same model at the local batch with every table local (dense
+layers, lookups, optimizers: ``local_step_ms``, timed on every rank before the runs, the
+slowest), so that the comparison tests the simulator's communication and its sum.
 
 The breakdown counts a rank's whole send buffer (its own share too) and the embedding
 exchange forward only; the simulator counts bytes sent to other ranks, forward and backward,
@@ -56,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from emulated_cluster import LinkCounter, fitted_cluster, matmul_flops_per_s, measure_links, min_over_ranks, run_ranks
+from emulated_cluster import LinkCounter, fitted_cluster, matmul_flops_per_s, max_over_ranks, measure_links, min_over_ranks, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -133,6 +136,7 @@ def worker(spec_file: str) -> None:
     calibration = measure_links(topology, topology.build_groups())
     calibration["flops_per_s"] = min_over_ranks(matmul_flops_per_s())
     names = list(spec["runs"])
+    calibration["local_step_ms"] = max_over_ranks(local_step_ms(config.load(None, spec["runs"][names[0]]), topology.world_size))
     results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(spec["rounds"]):
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -144,6 +148,30 @@ def worker(spec_file: str) -> None:
         atomic_write_json(spec["result_file"], {"runs": results, "calibration": calibration})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def local_step_ms(cfg, world_size: int, steps: int = 12) -> float:
+    """Median ms of one process's training step of ``cfg``'s model at the local batch, every table
+    local (dense layers, lookups, optimizers): the simulator's compute on this machine."""
+    import time
+
+    from distrec.data import Dataset, prepare
+    from distrec.models.build import build_model
+    from distrec.train.optim import make_optimizers
+    from distrec.train.step import TrainStep
+
+    dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
+    model = build_model(cfg.model, dataset.num_dense, dataset.tables(cfg.model.embedding_dim))
+    t = cfg.train
+    step = TrainStep(model, make_optimizers(model, t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr))
+    b = t.batch_size // world_size
+    times = []
+    for i in range(steps):
+        batch = dataset.batch(np.arange(i * b, (i + 1) * b))
+        started = time.perf_counter()
+        step(batch)
+        times.append((time.perf_counter() - started) * 1e3)
+    return float(np.median(times[2:]))
 
 
 def train_run(cfg, out: Path, warmup: int) -> dict:
@@ -212,6 +240,7 @@ def workload(args: argparse.Namespace, out: Path):
         dense_params=sum(p.numel() for p in model.dense_parameters()),
         table_rows=tuple(t.num_rows for t in tables),
         row_state_floats=1,  # row-wise Adagrad
+        zipf_exponent=cfg.data.synthetic.zipf_exponent,  # how the synthetic data draws rows
     )
 
 
@@ -227,10 +256,13 @@ def measured_as_simulated(bytes_per_step: dict, ranks: int, group_size: int) -> 
 
 def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
     """Per configuration: measured figures (medians over rounds), the simulator's, and their ratios."""
+    from distrec.sim.components import compute_ms
     from distrec.sim.iteration import predict, predict_two_d
 
     cluster, links = fitted_cluster(raw["calibration"], args.hosts, args.ranks_per_host, all_reduce_algorithm="ring")
     work = workload(args, out)
+    if cluster is not None:  # compute at the rate of the measured local step, not of a large matrix product
+        cluster = cluster.replace(compute_efficiency=compute_ms(work, cluster, towers=False) / raw["calibration"]["local_step_ms"])
     ranks = args.hosts * args.ranks_per_host
     runs = raw["runs"]
     table = {}
