@@ -191,7 +191,7 @@ def test_periodic_2d_with_sptt_syncing_every_step_equals_one_process(cache, refe
     assert _replica_sync_per_step(tmp_path / "run")[1]
 
 
-@pytest.mark.slow  # about 2 min on 2 cores: three runs of 8 processes
+@pytest.mark.slow  # about 2-5 min on 2 busy cores: three runs of 8 processes
 def test_periodic_2d_with_sptt_and_tower_modules_resumes_exactly(cache, tmp_path):
     """2 groups x 2 hosts x 2 ranks, SPTT and tower modules in each group, replicas (weights and
     row-wise Adagrad state) averaged every 3 steps: 6 steps, a checkpoint (at a sync), then 6
