@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from emulated_cluster import LinkCounter, fitted_cluster, matmul_flops_per_s, measure_links, min_over_ranks, run_ranks
+from emulated_cluster import fitted_cluster, run_ranks, start_rank, train_measured
 
 AUC_TOLERANCE = 0.005  # the issue's bound on DMT's AUC loss against flat
 EMBEDDING_FORWARD = ("input_all_to_all", "lookup", "output_all_to_all")  # the trainer's breakdown components
@@ -160,20 +160,12 @@ def launch(args: argparse.Namespace) -> dict:
 
 def worker(spec_file: str) -> None:
     """One rank: time the links, then train every scheme with distrec's trainer; rank 0 writes the figures."""
-    import torch
     import torch.distributed as dist
 
     from distrec import config
     from distrec.io import atomic_write_json
-    from distrec.parallel.comm import init_from_env
-    from distrec.parallel.topology import Topology
 
-    spec = json.loads(Path(spec_file).read_text())
-    torch.set_num_threads(1)
-    rank, _ = init_from_env(torch.device("cpu"))
-    topology = Topology(spec["hosts"], spec["ranks_per_host"])
-    calibration = measure_links(topology, topology.build_groups())
-    calibration["flops_per_s"] = min_over_ranks(matmul_flops_per_s())
+    spec, rank, _, calibration = start_rank(spec_file)
     results = {}
     for scheme, overrides in spec["schemes"].items():
         results[scheme] = train_scheme(config.load(None, overrides), Path(spec["out"]) / scheme, spec["warmup"])
@@ -187,30 +179,10 @@ def worker(spec_file: str) -> None:
 
 def train_scheme(cfg, out: Path, warmup: int) -> dict:
     """Train one scheme with ``Trainer``; its median step times, cross-host bytes and AUC (rank 0)."""
-    import torch.distributed as dist
-
     from distrec.train.breakdown import COMPONENTS
-    from distrec.train.loop import Trainer
 
-    trainer = Trainer(cfg, out, progress=False)
-    try:
-        link = LinkCounter()
-        started = link.tx()
-        summary = trainer.fit()
-        trained = link.tx()
-        trainer.evaluate_split("val")  # the final evaluation's traffic, again, to take it out of fit's
-        evaluated = link.tx()
-        steps = trainer.timer.steps
-    finally:
-        trainer.close()
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, steps)
-    slowest = {  # per measured step, the slowest rank's ms
-        name: np.max([[sum(s.get(c, 0.0) for c in components) for s in rank_steps[warmup:]] for rank_steps in every], axis=0)
-        for name, components in (("iteration", [c for c in COMPONENTS if c != "data_loading"]), ("embedding_forward", EMBEDDING_FORWARD),
-                                 ("output_exchange", ("output_all_to_all",)))
-    }  # fmt: skip
-    cross_host = (2 * trained - started - evaluated) / len(steps)
+    parts = {"iteration": [c for c in COMPONENTS if c != "data_loading"], "embedding_forward": EMBEDDING_FORWARD, "output_exchange": ("output_all_to_all",)}
+    summary, slowest, cross_host = train_measured(cfg, out, warmup, parts)
     return {
         "iteration_ms": float(np.median(slowest["iteration"])),
         "embedding_forward_ms": float(np.median(slowest["embedding_forward"])),
@@ -219,7 +191,7 @@ def train_scheme(cfg, out: Path, warmup: int) -> dict:
         "auc": summary["auc"] if summary else None,
         "logloss": summary["logloss"] if summary else None,
         "samples_per_s": summary["samples_per_s"] if summary else None,
-        "cross_host_bytes_measured": cross_host if link.ifname else None,
+        "cross_host_bytes_measured": cross_host,
     }
 
 

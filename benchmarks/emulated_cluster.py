@@ -9,14 +9,16 @@ removed (also on failure or Ctrl-C).
 - ``EmulatedHosts``: the namespaces and shaped links (root and iproute2 needed);
 - ``run_ranks``: one worker process per rank, inside its host's namespace (or plain
   processes on the loopback with ``no_netns``), with torchrun's environment variables;
-- in the ranks: ``measure_links`` (all-to-all timings inside and across hosts),
-  ``matmul_flops_per_s``, ``LinkCounter`` (bytes over the hosts' links);
+- in the ranks: ``start_rank`` (join, then ``measure_links``: all-to-all timings inside and
+  across hosts, and ``matmul_flops_per_s``), ``train_measured`` (a training run's step times
+  and the bytes over the hosts' links, ``LinkCounter``);
 - ``fitted_cluster``: the simulator's ``Cluster`` with links fitted to those timings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import harness
 
@@ -118,6 +121,55 @@ def run_ranks(worker: Sequence[str], hosts: int, ranks_per_host: int, bandwidth:
 
 
 # ----------------------------------------------------------------------------- in the ranks
+
+
+def start_rank(spec_file: str) -> tuple[dict, int, Any, dict]:
+    """In a rank's worker: its spec (JSON), the joined process group's rank, the ``Topology``
+    of ``spec["hosts"] x spec["ranks_per_host"]``, and the calibration (``measure_links``'s
+    timings and ``flops_per_s``, the slowest rank's)."""
+    import torch
+
+    from distrec.parallel.comm import init_from_env
+    from distrec.parallel.topology import Topology
+
+    spec = json.loads(Path(spec_file).read_text())
+    torch.set_num_threads(1)
+    rank, _ = init_from_env(torch.device("cpu"))
+    topology = Topology(spec["hosts"], spec["ranks_per_host"])
+    calibration = measure_links(topology, topology.build_groups())
+    calibration["flops_per_s"] = min_over_ranks(matmul_flops_per_s())
+    return spec, rank, topology, calibration
+
+
+def train_measured(cfg, out: Path, warmup: int, parts: dict[str, Sequence[str]]) -> tuple[dict | None, dict[str, Any], float | None]:
+    """Train ``cfg`` into ``out`` with distrec's ``Trainer`` (a collective); the summary (rank 0),
+    per part the slowest rank's ms of each step after ``warmup`` (the sum of the part's
+    breakdown components), and the bytes per step over the hosts' links (the final
+    evaluation's and checkpoint's traffic measured again and taken out; None without namespaces)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from distrec.train.loop import Trainer
+
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        link = LinkCounter()
+        started = link.tx()
+        summary = trainer.fit()
+        trained = link.tx()
+        trainer.evaluate_split("val")
+        trainer.checkpointer.save()
+        after = link.tx()
+        steps = trainer.timer.steps
+    finally:
+        trainer.close()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, steps)
+    slowest = {
+        name: np.max([[sum(s.get(c, 0.0) for c in components) for s in rank_steps[warmup:]] for rank_steps in every], axis=0)
+        for name, components in parts.items()
+    }
+    return summary, slowest, (2 * trained - started - after) / len(steps) if link.ifname else None
 
 
 def measure_links(topology, groups) -> dict:

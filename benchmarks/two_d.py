@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from emulated_cluster import LinkCounter, fitted_cluster, matmul_flops_per_s, max_over_ranks, measure_links, min_over_ranks, run_ranks
+from emulated_cluster import fitted_cluster, max_over_ranks, run_ranks, start_rank, train_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -121,20 +121,12 @@ def launch(args: argparse.Namespace, out: Path) -> dict:
 
 def worker(spec_file: str) -> None:
     """One rank: time the links, then train every configuration in rounds; rank 0 writes the figures."""
-    import torch
     import torch.distributed as dist
 
     from distrec import config
     from distrec.io import atomic_write_json
-    from distrec.parallel.comm import init_from_env
-    from distrec.parallel.topology import Topology
 
-    spec = json.loads(Path(spec_file).read_text())
-    torch.set_num_threads(1)
-    rank, _ = init_from_env(torch.device("cpu"))
-    topology = Topology(spec["hosts"], spec["ranks_per_host"])
-    calibration = measure_links(topology, topology.build_groups())
-    calibration["flops_per_s"] = min_over_ranks(matmul_flops_per_s())
+    spec, rank, topology, calibration = start_rank(spec_file)
     names = list(spec["runs"])
     calibration["local_step_ms"] = max_over_ranks(local_step_ms(config.load(None, spec["runs"][names[0]]), topology.world_size))
     results: dict[str, list[dict]] = {name: [] for name in names}
@@ -175,38 +167,18 @@ def local_step_ms(cfg, world_size: int, steps: int = 12) -> float:
 
 
 def train_run(cfg, out: Path, warmup: int) -> dict:
-    """Train one run with ``Trainer``: mean step times (slowest rank per step), bytes per step, link bytes."""
-    import torch.distributed as dist
-
+    """Train one run: mean step times (slowest rank per step), bytes per step, link bytes."""
     from distrec.train.breakdown import COMPONENTS as BREAKDOWN
-    from distrec.train.loop import Trainer
 
-    trainer = Trainer(cfg, out, progress=False)
-    try:
-        link = LinkCounter()
-        started = link.tx()
-        summary = trainer.fit()
-        trained = link.tx()
-        trainer.evaluate_split("val")  # the final evaluation's and checkpoint's traffic, again, to take it out of fit's
-        trainer.checkpointer.save()
-        after = link.tx()
-        steps = trainer.timer.steps
-    finally:
-        trainer.close()
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, steps)
     parts = {"iteration": [c for c in BREAKDOWN if c != "data_loading"], **{c: (c,) for c in BREAKDOWN}}
-    slowest = {  # per measured step, the slowest rank's ms
-        name: np.max([[sum(s.get(c, 0.0) for c in components) for s in rank_steps[warmup:]] for rank_steps in every], axis=0)
-        for name, components in parts.items()
-    }
+    summary, slowest, link_bytes = train_measured(cfg, out, warmup, parts)
     figures = {f"{name}_ms": float(np.mean(ms)) for name, ms in slowest.items()}
     # global samples per second of the measured steps, data loading included
     figures["samples_per_s"] = cfg.train.batch_size * 1e3 / (figures["iteration_ms"] + figures["data_loading_ms"])
     if summary is not None:
         breakdown = json.loads((out / "breakdown.json").read_text())
         figures.update(auc=summary["auc"], bytes_per_step=breakdown["bytes_per_step"])
-    figures["link_bytes_per_step"] = (2 * trained - started - after) / len(steps) if link.ifname else None
+    figures["link_bytes_per_step"] = link_bytes
     return figures
 
 
