@@ -351,7 +351,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-netns", action="store_true", help="plain processes on the loopback (CI-safe)")
     p.add_argument("--quick", action="store_true", help="a short run: fewer steps and rounds, smaller batch and model, one seed")
     p.add_argument("--out", default="runs/two_d", help="folder of the JSON results and the runs")
-    p.add_argument("--report-only", action="store_true", help="compare again from the cluster runs' OUT/two_d.rank0.json (same options)")
+    p.add_argument("--report-only", action="store_true", help="report again from the figures a run left in OUT (same options), running nothing")
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; options given still count
         p.set_defaults(steps=12, warmup=2, global_batch=256, eval_rows=256, dim=8, table_rows=500, rounds=1, seeds=[0])
     args = p.parse_args(argv)
@@ -364,6 +364,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from distrec.io import atomic_write_json
+
     if argv is None and sys.argv[1:2] == [harness.WORKER_FLAG]:
         worker(sys.argv[2])
         return {}
@@ -371,15 +373,17 @@ def main(argv: list[str] | None = None) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the namespaces' cleanup on kill too
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    raw_file = out / "two_d.rank0.json"
     if "cluster" in args.parts:
-        raw = json.loads(raw_file.read_text()) if args.report_only else launch(args, out)
+        raw = json.loads((out / "two_d.rank0.json").read_text()) if args.report_only else launch(args, out)
         cluster = compare(raw, args, out)
     else:
         cluster = None
     if cluster is not None:
         print_table(cluster)
-    auc = auc_runs(args, out) if "auc" in args.parts else None
+    auc_file = out / "two_d.auc.json"  # part (b)'s figures
+    if "auc" in args.parts and not args.report_only:
+        atomic_write_json(auc_file, auc_runs(args, out))
+    auc = json.loads(auc_file.read_text()) if "auc" in args.parts else None
     return harness.finish(summarize(args, cluster, auc), out / "two_d.json")
 
 
