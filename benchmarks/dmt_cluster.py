@@ -3,8 +3,7 @@
 Each host is a Linux network namespace; its ranks talk over its loopback, and hosts are
 joined by veth links to a bridge in the root namespace, every link shaped with ``tc`` (tbf
 rate + netem delay, default 1 Gbit/s and 0.2 ms host to host), so cross-host traffic is
-really slower than intra-host traffic. gloo is told its interface with GLOO_SOCKET_IFNAME.
-The namespaces are created here and always removed (also on failure or Ctrl-C).
+really slower than intra-host traffic (``emulated_cluster.py``, shared with ``two_d.py``).
 
 Every scheme is trained by distrec's own trainer (``distrec.train.loop.Trainer``), each rank
 started inside its host's namespace with torchrun's environment variables, on the same
@@ -42,94 +41,19 @@ folder (config, metrics, breakdown, checkpoint) is OUT/<scheme>.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-from statistics import median
 
 import numpy as np
 
 import harness
+from emulated_cluster import fitted_cluster, run_ranks, start_rank, train_measured
 
 AUC_TOLERANCE = 0.005  # the issue's bound on DMT's AUC loss against flat
-CALIBRATION_BYTES = (64 << 10, 512 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls
-SUBNET = "10.231.{net}.{host}"
 EMBEDDING_FORWARD = ("input_all_to_all", "lookup", "output_all_to_all")  # the trainer's breakdown components
-
-
-# ----------------------------------------------------------------------------- namespaces
-
-
-class EmulatedHosts:
-    """Network namespaces joined by shaped veth links to a bridge; removed on exit."""
-
-    def __init__(self, hosts: int, bandwidth: str, latency_ms: float) -> None:
-        tag = os.getpid() % 100_000
-        self.hosts, self.bandwidth, self.latency_ms = hosts, bandwidth, latency_ms
-        self.net = tag % 250
-        self.bridge = f"dmtbr{tag}"
-        self.namespaces = [f"dmt{tag}h{h}" for h in range(hosts)]
-        self.outer = [f"dmo{tag}_{h}" for h in range(hosts)]  # root side of each veth
-        self.inner = [f"dmi{tag}_{h}" for h in range(hosts)]  # namespace side
-        self.created: list[list[str]] = []  # undo commands, run in reverse
-        self.delay_emulated = True  # False when the kernel has no netem
-
-    def address(self, host: int) -> str:
-        return SUBNET.format(net=self.net, host=host + 1)
-
-    def __enter__(self) -> EmulatedHosts:
-        if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-            raise SystemExit("dmt_cluster: network namespaces need root and iproute2 (ip, tc); use --no-netns")
-        try:
-            self._ip("link", "add", self.bridge, "type", "bridge")
-            self.created.append(["ip", "link", "del", self.bridge])
-            self._ip("link", "set", self.bridge, "up")
-            for h, ns in enumerate(self.namespaces):
-                self._ip("netns", "add", ns)
-                self.created.append(["ip", "netns", "del", ns])
-                self._ip("link", "add", self.outer[h], "type", "veth", "peer", "name", self.inner[h])
-                self.created.append(["ip", "link", "del", self.outer[h]])
-                self._ip("link", "set", self.inner[h], "netns", ns)
-                self._ip("link", "set", self.outer[h], "master", self.bridge, "up")
-                self._ip("-n", ns, "addr", "add", f"{self.address(h)}/24", "dev", self.inner[h])
-                self._ip("-n", ns, "link", "set", self.inner[h], "up")
-                self._ip("-n", ns, "link", "set", "lo", "up")
-                # both ends shaped: a packet from host a to host b crosses two links
-                self._shape([], self.outer[h])
-                self._shape(["ip", "netns", "exec", ns], self.inner[h])
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _shape(self, prefix: list[str], dev: str) -> None:
-        run = lambda *a: _check_call([*prefix, "tc", "qdisc", "add", "dev", dev, *a])  # noqa: E731
-        run("root", "handle", "1:", "tbf", "rate", self.bandwidth, "burst", "256kb", "latency", "100ms")
-        if self.delay_emulated and self.latency_ms > 0:
-            try:
-                run("parent", "1:1", "handle", "10:", "netem", "delay", f"{self.latency_ms / 2}ms", "limit", "100000")
-            except RuntimeError as e:  # kernels without sch_netem: bandwidth only
-                print(f"dmt_cluster: no added delay ({e})", file=sys.stderr)
-                self.delay_emulated = False
-
-    def _ip(self, *args: str) -> None:
-        _check_call(["ip", *args])
-
-    def __exit__(self, *exc) -> None:
-        while self.created:
-            subprocess.run(self.created.pop(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _check_call(cmd: list[str]) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -222,23 +146,10 @@ def launch(args: argparse.Namespace) -> dict:
             "result_file": str(result_file)}  # fmt: skip
     spec_file = out / "dmt_cluster.spec.json"
     atomic_write_json(spec_file, spec)
-    world = args.hosts * args.ranks_per_host
     worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
-    hosts = EmulatedHosts(args.hosts, args.bandwidth, args.latency_ms) if not args.no_netns else contextlib.nullcontext()
-    with hosts:
-        args.latency_emulated = (not args.no_netns) and hosts.delay_emulated
-        master = "127.0.0.1" if args.no_netns else hosts.address(0)
-        port = harness.free_port()
-        commands, envs = [], []
-        for rank in range(world):
-            host = rank // args.ranks_per_host
-            ifname = "lo" if args.no_netns else hosts.inner[host]
-            envs.append({**harness.rank_env(rank, world, args.ranks_per_host, master, port), "OMP_NUM_THREADS": "1",
-                         "GLOO_SOCKET_IFNAME": ifname, "HOST_IFNAME": "" if args.no_netns else ifname})  # fmt: skip
-            commands.append(worker if args.no_netns else ["ip", "netns", "exec", hosts.namespaces[host], *worker])
-        harness.launch_ranks(commands, envs, "dmt_cluster")
+    args.latency_emulated = run_ranks(worker, args.hosts, args.ranks_per_host, args.bandwidth, args.latency_ms, args.no_netns, "dmt_cluster")
     raw = json.loads(result_file.read_text())
-    b = args.global_batch // world
+    b = args.global_batch // (args.hosts * args.ranks_per_host)
     for name, overrides in schemes.items():
         raw["schemes"][name].update(model_figures(overrides, args.hosts, args.ranks_per_host, b))
     return raw
@@ -249,20 +160,12 @@ def launch(args: argparse.Namespace) -> dict:
 
 def worker(spec_file: str) -> None:
     """One rank: time the links, then train every scheme with distrec's trainer; rank 0 writes the figures."""
-    import torch
     import torch.distributed as dist
 
     from distrec import config
     from distrec.io import atomic_write_json
-    from distrec.parallel.comm import init_from_env
-    from distrec.parallel.topology import Topology
 
-    spec = json.loads(Path(spec_file).read_text())
-    torch.set_num_threads(1)
-    rank, _ = init_from_env(torch.device("cpu"))
-    topology = Topology(spec["hosts"], spec["ranks_per_host"])
-    calibration = measure_links(topology, topology.build_groups())
-    calibration["flops_per_s"] = _min_over_ranks(matmul_flops_per_s())
+    spec, rank, _, calibration = start_rank(spec_file)
     results = {}
     for scheme, overrides in spec["schemes"].items():
         results[scheme] = train_scheme(config.load(None, overrides), Path(spec["out"]) / scheme, spec["warmup"])
@@ -276,30 +179,10 @@ def worker(spec_file: str) -> None:
 
 def train_scheme(cfg, out: Path, warmup: int) -> dict:
     """Train one scheme with ``Trainer``; its median step times, cross-host bytes and AUC (rank 0)."""
-    import torch.distributed as dist
-
     from distrec.train.breakdown import COMPONENTS
-    from distrec.train.loop import Trainer
 
-    trainer = Trainer(cfg, out, progress=False)
-    try:
-        link = _LinkCounter()
-        started = link.tx()
-        summary = trainer.fit()
-        trained = link.tx()
-        trainer.evaluate_split("val")  # the final evaluation's traffic, again, to take it out of fit's
-        evaluated = link.tx()
-        steps = trainer.timer.steps
-    finally:
-        trainer.close()
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, steps)
-    slowest = {  # per measured step, the slowest rank's ms
-        name: np.max([[sum(s.get(c, 0.0) for c in components) for s in rank_steps[warmup:]] for rank_steps in every], axis=0)
-        for name, components in (("iteration", [c for c in COMPONENTS if c != "data_loading"]), ("embedding_forward", EMBEDDING_FORWARD),
-                                 ("output_exchange", ("output_all_to_all",)))
-    }  # fmt: skip
-    cross_host = (2 * trained - started - evaluated) / len(steps)
+    parts = {"iteration": [c for c in COMPONENTS if c != "data_loading"], "embedding_forward": EMBEDDING_FORWARD, "output_exchange": ("output_all_to_all",)}
+    summary, slowest, cross_host = train_measured(cfg, out, warmup, parts)
     return {
         "iteration_ms": float(np.median(slowest["iteration"])),
         "embedding_forward_ms": float(np.median(slowest["embedding_forward"])),
@@ -308,85 +191,8 @@ def train_scheme(cfg, out: Path, warmup: int) -> dict:
         "auc": summary["auc"] if summary else None,
         "logloss": summary["logloss"] if summary else None,
         "samples_per_s": summary["samples_per_s"] if summary else None,
-        "cross_host_bytes_measured": cross_host if link.ifname else None,
+        "cross_host_bytes_measured": cross_host,
     }
-
-
-def measure_links(topology, groups) -> dict:
-    """Median ms of all-to-alls of several sizes inside hosts and among peers (all groups at once)."""
-    import torch
-    import torch.distributed as dist
-
-    from distrec.parallel.comm import all_to_all
-
-    out = {}
-    for name, group, members in (("intra_host", groups.intra_host, topology.ranks_per_host),
-                                 ("cross_host", groups.cross_host, topology.hosts)):  # fmt: skip
-        samples = []
-        for size in CALIBRATION_BYTES if members > 1 else ():
-            rows = size // 4
-            send = torch.randn(members * rows)
-            times = []
-            for _ in range(6):
-                dist.barrier()
-                t0 = time.perf_counter()
-                all_to_all(send, [rows] * members, [rows] * members, group)
-                times.append((time.perf_counter() - t0) * 1e3)
-            samples.append({"bytes": (members - 1) * size, "messages": members - 1, "ms": _max_over_ranks(median(times[1:]))})
-        out[name] = samples
-    return out
-
-
-def matmul_flops_per_s() -> float:
-    """FLOP/s of this process on float32 matrix products (the simulator's compute rate)."""
-    import torch
-
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(20):
-        a @ b
-    return 20 * 2 * 256**3 / (time.perf_counter() - t0)
-
-
-def _reduce(value: float, op) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=op)
-    return float(t)
-
-
-def _max_over_ranks(value: float) -> float:
-    import torch.distributed as dist
-
-    return _reduce(value, dist.ReduceOp.MAX)
-
-
-def _min_over_ranks(value: float) -> float:
-    import torch.distributed as dist
-
-    return _reduce(value, dist.ReduceOp.MIN)
-
-
-class _LinkCounter:
-    """Bytes sent by every host over its link (veth tx counters), summed over hosts."""
-
-    def __init__(self) -> None:
-        self.ifname = os.environ.get("HOST_IFNAME", "")
-
-    def tx(self) -> int:
-        """The hosts' bytes sent so far (a collective: every rank calls it; 0 without namespaces)."""
-        import torch
-        import torch.distributed as dist
-
-        mine = 0
-        if self.ifname and int(os.environ["LOCAL_RANK"]) == 0:
-            mine = int(Path(f"/sys/class/net/{self.ifname}/statistics/tx_bytes").read_text())
-        t = torch.tensor([mine], dtype=torch.int64)
-        dist.all_reduce(t)
-        return int(t)
 
 
 # ----------------------------------------------------------------------------- report
@@ -423,27 +229,12 @@ def summarize(raw: dict, args: argparse.Namespace) -> dict:
 
 def simulator_fit(calibration: dict, schemes: dict, args: argparse.Namespace) -> dict | None:
     """Links fitted to the measured all-to-alls; predicted vs measured forward output exchange."""
-    from distrec.errors import DistrecError
-    from distrec.sim.calibrate import fit_link
-    from distrec.sim.cluster import Cluster, LinkParams
     from distrec.sim.iteration import Workload, predict_iteration
 
-    samples = {k: v for k, v in calibration.items() if k != "flops_per_s" and len(v) >= 2}
-    if "intra_host" not in samples:
-        return None
-    try:
-        links = {k: fit_link([s["bytes"] for s in v], [s["ms"] for s in v], [s["messages"] for s in v]) for k, v in samples.items()}
-    except DistrecError as e:  # timings too noisy to fit (a busy machine)
-        return {"error": str(e), "measurements": calibration}
-    cross = links.get("cross_host", LinkParams(0.0, 1.0))  # unused with one host
-    cluster = Cluster(
-        args.hosts, args.ranks_per_host, peak_flops=calibration["flops_per_s"], compute_efficiency=1.0, scale_up=links["intra_host"], scale_out=cross
-    )
-    out = {
-        "links": {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()},
-        "flops_per_s": calibration["flops_per_s"],
-        "measurements": calibration,
-    }
+    cluster, links = fitted_cluster(calibration, args.hosts, args.ranks_per_host)
+    if cluster is None:
+        return {"error": links, "measurements": calibration} if links else None
+    out = {"links": links, "flops_per_s": calibration["flops_per_s"], "measurements": calibration}
     for name, r in schemes.items():
         scheme, compression = ("dmt", r["compression"]) if name.startswith("dmt") else (name, 1.0)
         # only the embedding module: exchanges and, for DMT, the tower modules' compute

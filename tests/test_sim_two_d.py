@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from distrec.errors import DistrecError
@@ -90,6 +91,19 @@ def test_exact_sync_moves_the_touched_rows():
     # tables of given sizes: a small one wholly touched, a huge one once per lookup
     two = Workload(local_batch=32, num_features=2, pooling=1, table_rows=(10, 10**12))
     assert touched_rows(two, 16) == pytest.approx((10 + 16 * 32) / 16)
+
+
+def test_skewed_access_touches_fewer_rows_as_sampled():
+    """Zipf access (as distrec's synthetic data draws it): the expected distinct rows match a
+    sampled count, and are fewer than uniform access touches."""
+    rng = np.random.default_rng(0)
+    rows, lookups, exponent = 5000, 2048, 1.05
+    p = np.arange(1, rows + 1, dtype=np.float64) ** -exponent
+    sampled = np.mean([np.unique(rng.choice(rows, lookups, p=p / p.sum())).size for _ in range(20)])
+    assert distinct_rows(lookups, rows, exponent) == pytest.approx(sampled, rel=0.02)
+    assert distinct_rows(lookups, rows, exponent) < 0.6 * distinct_rows(lookups, rows)
+    skewed = Workload(local_batch=256, num_features=4, pooling=2, table_rows=rows, zipf_exponent=exponent)
+    assert touched_rows(skewed, 4) == pytest.approx(distinct_rows(4 * 256 * 2, rows, exponent))  # 4 tables over 4 ranks
 
 
 def test_periodic_sync_moves_each_tables_rows():

@@ -189,3 +189,24 @@ def test_periodic_2d_with_sptt_syncing_every_step_equals_one_process(cache, refe
     assert train_losses(tmp_path / "run") == pytest.approx(train_losses(reference_half), abs=1e-5)
     assert_same_parameters(trained_parameters(tmp_path / "run"), trained_parameters(reference_half))
     assert _replica_sync_per_step(tmp_path / "run")[1]
+
+
+@pytest.mark.slow  # about 2-5 min on 2 busy cores: three runs of 8 processes
+def test_periodic_2d_with_sptt_and_tower_modules_resumes_exactly(cache, tmp_path):
+    """2 groups x 2 hosts x 2 ranks, SPTT and tower modules in each group, replicas (weights and
+    row-wise Adagrad state) averaged every 3 steps: 6 steps, a checkpoint (at a sync), then 6
+    more equal 12 steps in one go."""
+
+    def cfg(steps: int):
+        c = _dmt_cfg(cache, steps, replica_groups=2, lookup="sptt", hosts=4, ranks_per_host=2, replica_sync="periodic", sync_every=3)
+        c.train.embedding_optimizer, c.train.embedding_lr = "adagrad", 0.3
+        return c
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_distributed(train_on_rank, 8, cfg(2 * STEPS), whole)
+    run_distributed(train_on_rank, 8, cfg(STEPS), resumed)
+    run_distributed(train_on_rank, 8, cfg(2 * STEPS), resumed, True)
+    assert train_losses(resumed) == pytest.approx(train_losses(whole), abs=1e-5)
+    assert_same_parameters(trained_parameters(resumed), trained_parameters(whole))
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["replica_sync"] == "periodic" and summary["replica_sync_bytes"] > 0 and summary["dmt"]["compression"] > 1

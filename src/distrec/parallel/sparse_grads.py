@@ -7,17 +7,18 @@ import torch.distributed as dist
 from torch import nn
 
 
-def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
+def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | None = None) -> int:
     """Replace each parameter's sparse COO gradient [rows, width] by its mean over ``group`` (a
     collective; every rank passes parameters of the same shapes in the same order, with or
     without a gradient).
 
     Every parameter's entries travel together: one all-gather of the entry counts, one of
     the rows and one of the values, whatever the number of parameters. The result is
-    uncoalesced (the row-wise optimizers coalesce).
+    uncoalesced (the row-wise optimizers coalesce). Returns the bytes this rank sent (its
+    counts, distinct row ids and their values, padded to the longest rank's, to each other rank).
     """
     if not params:
-        return
+        return 0
     world_size = dist.get_world_size(group)
     widths = [p.shape[1] for p in params]
     grads = [p.grad.coalesce() if p.grad is not None else None for p in params]
@@ -25,7 +26,8 @@ def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | 
     values = [g.values().reshape(-1) if g is not None else p.new_empty(0) for g, p in zip(grads, params)]
     device = params[0].device
     counts = [torch.empty(len(rows), dtype=torch.int64, device=device) for _ in range(world_size)]
-    dist.all_gather(counts, torch.tensor([r.numel() for r in rows], device=device), group=group)
+    mine = torch.tensor([r.numel() for r in rows], device=device)
+    dist.all_gather(counts, mine, group=group)
     counts = [c.tolist() for c in counts]  # [rank][parameter] entries
     floats = [[n * w for n, w in zip(c, widths)] for c in counts]
     padded_rows = _padded(torch.cat(rows), max(sum(c) for c in counts))
@@ -43,6 +45,7 @@ def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | 
         indices = torch.cat([parts[t] for parts in row_parts])
         averaged = torch.cat([parts[t] for parts in value_parts]).view(-1, widths[t]) / world_size
         p.grad = torch.sparse_coo_tensor(indices.unsqueeze(0), averaged, p.shape)
+    return (world_size - 1) * sum(t.numel() * t.element_size() for t in (mine, padded_rows, padded_values))
 
 
 def _padded(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -134,9 +134,7 @@ class ReplicaGroups(BlockMode):
                 p.grad /= self.groups
                 sent += p.grad.numel() * p.grad.element_size()
         if rows:
-            params = self._replicated()
-            sent += sum(p.grad._nnz() * (p.shape[1] * p.element_size() + 8) for p in params if p.grad is not None)
-            average_sparse_grads(params, self.replica_set)
+            sent += average_sparse_grads(self._replicated(), self.replica_set)
         return sent
 
     def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:

@@ -18,7 +18,8 @@ the ranks of a group (what a balanced plan gives each rank):
   ``exact``: every step, ring all-gathers of the entry counts, the touched row ids and their
   gradient rows (``average_sparse_grads``); a table of R rows sees ``S b p`` lookups in a
   group's step, ``R (1 - (1 - 1/R)^(S b p))`` distinct rows in expectation under uniform
-  access (an upper bound for skewed real data), and a rank holds 1/S of the tables' sum;
+  access, fewer under the workload's Zipf access (``sum_i 1 - (1 - p_i)^(S b p)``), and a
+  rank holds 1/S of the tables' sum;
   ``periodic``: every K steps, one all-reduce per table shard (``ceil(F/S)`` per rank) of
   its weights and one of its row-wise optimizer state (1/S of all rows, times D and times
   ``row_state_floats`` floats), divided by K;
@@ -33,9 +34,12 @@ steps are left out (the same in every scheme).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
+
+import numpy as np
 
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
@@ -132,16 +136,28 @@ def embedding_exchange(workload: Workload, cluster: Cluster, groups: Groups, loo
     return (intra + cross) * 2
 
 
-def distinct_rows(lookups: float, rows: int) -> float:
-    """Expected distinct rows among ``lookups`` uniform draws from ``rows`` rows."""
-    return rows * -math.expm1(lookups * math.log1p(-1.0 / rows)) if rows > 1 else float(lookups > 0)
+def distinct_rows(lookups: float, rows: int, zipf_exponent: float = 0.0) -> float:
+    """Expected distinct rows among ``lookups`` independent draws from ``rows`` rows, row i
+    (1-based) drawn with probability proportional to ``i ** -zipf_exponent`` (0: uniform):
+    the sum over rows of ``1 - (1 - p_i) ** lookups``."""
+    if rows <= 1:
+        return float(lookups > 0)
+    if zipf_exponent == 0:
+        return rows * -math.expm1(lookups * math.log1p(-1.0 / rows))
+    return _zipf_distinct_rows(float(lookups), int(rows), float(zipf_exponent))
+
+
+@functools.lru_cache(maxsize=256)
+def _zipf_distinct_rows(lookups: float, rows: int, exponent: float) -> float:
+    weights = np.arange(1, rows + 1, dtype=np.float64) ** -exponent
+    return float(-np.expm1(lookups * np.log1p(-weights / weights.sum())).sum())
 
 
 def touched_rows(workload: Workload, size: int) -> float:
     """Rows of one rank's shard that its group of ``size`` ranks touches in one step (expected
-    under uniform access; the mean over the group's ranks)."""
+    under the workload's access distribution; the mean over the group's ranks)."""
     w = workload
-    return sum(distinct_rows(size * w.local_batch * w.pooling, rows) for rows in w.rows_per_table()) / size
+    return sum(distinct_rows(size * w.local_batch * w.pooling, rows, w.zipf_exponent) for rows in w.rows_per_table()) / size
 
 
 def replica_sync(workload: Workload, cluster: Cluster, groups: Groups, sync: ReplicaSync = "periodic", sync_every: int = 1) -> Traffic:

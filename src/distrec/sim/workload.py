@@ -24,6 +24,9 @@ class Workload:
             and of its touched rows).
         row_state_floats: row-wise optimizer state per row (1 for row-wise Adagrad), averaged
             with the weights by 2D ``periodic`` sync.
+        zipf_exponent: how lookups spread over a table's rows (2D ``exact`` sync moves the
+            distinct rows): row i drawn with probability proportional to ``i ** -zipf_exponent``;
+            0 is uniform (the most distinct rows).
         bytes_per_float: bytes per exchanged embedding, gradient or table value.
         bytes_per_index: bytes per sparse index, bag length or row id.
     """
@@ -38,6 +41,7 @@ class Workload:
     tower_params: int = 0
     table_rows: int | tuple[int, ...] = 1_000_000
     row_state_floats: int = 1
+    zipf_exponent: float = 0.0
     bytes_per_float: int = 4
     bytes_per_index: int = 8
 
