@@ -366,6 +366,10 @@ class EmbeddingBagCollection(nn.Module):
 
     def _check_indices(self, batch: Batch) -> None:
         """Raise DistrecError if an index falls outside its own table (it would hit a neighbour)."""
+        if batch.sparse_values.numel() == batch.batch_size * self.num_features:  # single-hot: one comparison per index
+            values = batch.sparse_values.view(self.num_features, batch.batch_size)
+            if not bool(((values < 0) | (values >= self.table_num_rows.unsqueeze(1))).any()):
+                return
         bounds = batch.sparse_offsets[:: batch.batch_size].tolist()
         spans = [(f, a, b) for f, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
         if not spans:
