@@ -76,10 +76,12 @@ def model_config(arch: str, fmt: str, path: Path, dim: int, tower_module: str | 
 
 @dataclass
 class Trained:
-    """A model trained with early stopping: its test AUC and the epoch it was taken at."""
+    """A model trained with early stopping: its test AUC at the epoch it was taken at (counted
+    from 1), and its validation AUC after every epoch."""
 
     test_auc: float
     epoch: int
+    val_auc: list[float]
 
 
 def train_best(model, dataset, split: dict[str, np.ndarray], max_epochs: int, seed: int, args: argparse.Namespace) -> Trained:
@@ -89,9 +91,11 @@ def train_best(model, dataset, split: dict[str, np.ndarray], max_epochs: int, se
 
     device = torch.device("cpu")
     best: dict = {"val": -1.0}
+    curve: list[float] = []
 
     def after_epoch(epoch: int) -> None:
         val = evaluate(model, dataset, split["val"], 8192, device)["auc"]
+        curve.append(val)
         if val > best["val"]:
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             best.update(val=val, epoch=epoch, state=state, test=evaluate(model, dataset, split["test"], 8192, device)["auc"])
@@ -99,7 +103,7 @@ def train_best(model, dataset, split: dict[str, np.ndarray], max_epochs: int, se
     harness.train_epochs(model, dataset, split["train"], max_epochs, args.batch_size, seed, args.lr, args.embedding_lr, after_epoch=after_epoch)
     model.load_state_dict(best["state"])
     model.eval()
-    return Trained(best["test"], best["epoch"])
+    return Trained(best["test"], best["epoch"], curve)
 
 
 def run_dataset(name: str, args: argparse.Namespace) -> dict:
@@ -120,6 +124,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict:
     names = [t.name for t in tables]
     auc: dict[str, dict[str, list[float]]] = {str(cr): {m: [] for m in MODELS} for cr in args.compression}
     epochs: dict[str, dict[str, list[int]]] = {str(cr): {m: [] for m in MODELS} for cr in args.compression}
+    curves: dict[str, dict[str, list[list[float]]]] = {str(cr): {m: [] for m in MODELS} for cr in args.compression}
     cost: dict[str, dict[str, dict]] = {str(cr): {} for cr in args.compression}
     for seed in range(args.seeds):
         sample = dataset.batch(split["train"][np.random.default_rng(seed).permutation(len(split["train"]))[: args.sample_rows]])
@@ -132,16 +137,26 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict:
             for cr in args.compression:
                 auc[str(cr)][arch].append(trained.test_auc)
                 epochs[str(cr)][arch].append(trained.epoch)
+                curves[str(cr)][arch].append(trained.val_auc)
                 dmt_cfg = model_config(arch, fmt, path, args.dim, arch, cr).model
                 torch.manual_seed(seed)
                 dmt = build_model(dmt_cfg, dataset.num_dense, tables, towers=towers)
                 dmt_trained = train_best(dmt, dataset, split, max_epochs, seed, args)
                 auc[str(cr)][f"dmt_{arch}"].append(dmt_trained.test_auc)
                 epochs[str(cr)][f"dmt_{arch}"].append(dmt_trained.epoch)
+                curves[str(cr)][f"dmt_{arch}"].append(dmt_trained.val_auc)
                 cost[str(cr)][arch] = dmt_cost(dmt_cfg, dataset.num_dense, tables, towers)
         latest = {cr: {m: round(v[-1], 4) for m, v in by_model.items()} for cr, by_model in auc.items()}
         print(f"dmt_quality: {name} seed {seed}: {json.dumps(latest)}", file=sys.stderr, flush=True)
-    return {"auc": auc, "best_epoch": epochs, "cost": cost, "towers": num_towers, "max_epochs": max_epochs, "rows": {k: len(v) for k, v in split.items()}}
+    return {
+        "auc": auc,
+        "best_epoch": epochs,
+        "val_auc_per_epoch": curves,
+        "cost": cost,
+        "towers": num_towers,
+        "max_epochs": max_epochs,
+        "rows": {k: len(v) for k, v in split.items()},
+    }
 
 
 def paired_difference(dmt: list[float], base: list[float]) -> dict:
