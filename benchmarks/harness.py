@@ -204,17 +204,32 @@ def launch_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, 
 # ----------------------------------------------------------------------------- training
 
 
-def train_epochs(model: Any, dataset: Any, rows: np.ndarray, epochs: int, batch_size: int, seed: int, lr: float, embedding_lr: float) -> None:
+def train_epochs(
+    model: Any,
+    dataset: Any,
+    rows: np.ndarray,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    embedding_lr: float,
+    after_epoch: Callable[[int], None] | None = None,
+) -> None:
     """``epochs`` shuffled passes over ``rows`` of a ``distrec.data.Dataset`` with distrec's
-    training step (Adam for the dense parameters, lazy Adam for the tables), in this process."""
+    training step (Adam for the dense parameters, lazy Adam for the tables), in this process.
+    ``after_epoch(epoch)`` (epochs counted from 1) runs after each pass, e.g. to evaluate;
+    it gets the model in eval mode and training resumes in train mode."""
     from distrec.train.optim import make_optimizers
     from distrec.train.step import TrainStep
 
     step = TrainStep(model, make_optimizers(model, "adam", lr, "adam", embedding_lr))
-    model.train()
     for epoch in range(epochs):
+        model.train()
         for batch in dataset.batches(rows, batch_size, shuffle=True, seed=seed, epoch=epoch):
             step(batch)
+        if after_epoch is not None:
+            model.eval()
+            after_epoch(epoch + 1)
 
 
 # ----------------------------------------------------------------------------- results

@@ -187,14 +187,17 @@ def interaction_stability(name: str, seeds: int, epochs: int, options: StudyOpti
         shuffled = np.random.default_rng(seed).permutation(split["train"])
         sample, other = dataset.batch(np.sort(shuffled[:rows])), dataset.batch(np.sort(shuffled[-rows:]))
         untrained = feature_interaction(dlrm.eval(), sample, "pairwise", seed)
-        per_epoch = []
-        for epoch in range(epochs):
-            harness.train_epochs(dlrm, dataset, split["train"], 1, options.batch_size, seed * 1000 + epoch, lr, embedding_lr)
-            interaction = feature_interaction(dlrm.eval(), sample, "pairwise", seed)
+        per_epoch: list[dict] = []
+
+        def after_epoch(epoch: int) -> None:
+            interaction = feature_interaction(dlrm, sample, "pairwise", seed)
             auc = evaluate(dlrm, dataset, split["val"], 8192, torch.device("cpu"))["auc"]
-            per_epoch.append({"epoch": epoch + 1, "auc": round(auc, 4), "rho_untrained": round(rank_correlation(untrained, interaction), 3)})
-        rho_samples = rank_correlation(interaction, feature_interaction(dlrm, other, "pairwise", seed))
-        out.append({"seed": seed, "epochs": per_epoch, "rho_two_samples": round(rho_samples, 3)})
+            per_epoch.append({"epoch": epoch, "auc": round(auc, 4), "rho_untrained": round(rank_correlation(untrained, interaction), 3)})
+            if epoch == epochs:
+                per_epoch[-1]["rho_two_samples"] = round(rank_correlation(interaction, feature_interaction(dlrm, other, "pairwise", seed)), 3)
+
+        harness.train_epochs(dlrm, dataset, split["train"], epochs, options.batch_size, seed, lr, embedding_lr, after_epoch=after_epoch)
+        out.append({"seed": seed, "epochs": per_epoch, "rho_two_samples": per_epoch[-1]["rho_two_samples"]})
     return out
 
 
