@@ -205,8 +205,9 @@ def _balanced_split(costs: torch.Tensor, threads: int | None) -> list[int]:
 def pool(weight: torch.Tensor, segments: Segments, threads: int | None = None) -> torch.Tensor:
     """Each bag's sum of its table's rows of ``weight`` float32 [rows, D], at its output row:
     [num_out, D] (rows no bag writes are zero). Raises ``IndexOutsideTable``."""
-    out = weight.new_zeros(segments.num_out, weight.shape[1])
     s = segments
+    every_row_written = int(s.bag_start[-1] - s.bag_start[0]) == s.num_out if s.bag_start.numel() > 1 else s.num_out == 0
+    out = (weight.new_empty if every_row_written else weight.new_zeros)(s.num_out, weight.shape[1])
     arrays = _arrays(weight.detach(), s.values, s.offsets, s.bag_start, s.table, s.out_start, s.out_stride, s.table_base, s.table_rows, out)
     cost = s.offsets[s.bag_start[1:]] - s.offsets[s.bag_start[:-1]]
     bounds = _balanced_split(cost, threads)
