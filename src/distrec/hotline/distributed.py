@@ -6,8 +6,11 @@ whose gradients ``ReplicatedHotEmbedding.sync_gradients`` averages together with
 rows'. Each rank splits its share of a mini-batch into a popular micro-batch, run from the
 replicated hot rows without any all-to-all, and a non-popular one, run through the sharded
 exchange with only its cold indices (every rank joins that exchange, with no samples if it
-has none). Both losses are the summed per-sample loss over the same normaliser, so the
-gradients, and the trained model, equal the ordinary sharded trainer's.
+has none). As in the one-process pipeline, a worker thread runs the non-popular micro-batch's
+exchange and cold lookups (input all-to-all, lookups, output all-to-all) while the popular
+micro-batch's forward and backward compute. Both losses are the summed per-sample loss over
+the same normaliser, so the gradients, and the trained model, equal the ordinary sharded
+trainer's.
 
 The hot set is learned on rank 0 (its access logger samples rank 0's batches) and broadcast
 at every re-learning; rows then move between the shards and the hot table with their
@@ -17,6 +20,7 @@ row-wise optimizer state, so the choice of hot set changes the traffic, never th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
@@ -88,6 +92,8 @@ class DistributedHotlineTraining:
         self.counters = PipelineStats()
         self._sampled_at_relearn = 0
         self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
+        self.timer = timer
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="hotline-cold-exchange")
 
     def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """One training step on this rank's ``batch`` (a collective); the loss, detached: the
@@ -98,7 +104,8 @@ class DistributedHotlineTraining:
         ids = self.embeddings.space.batch_ids(batch)
         if self.logger is not None:
             self.logger.observe(ids)
-        hot, _ = find_sorted(self.embeddings.hot_ids, ids)
+        hot, positions = find_sorted(self.embeddings.hot_ids, ids)
+        self.embeddings.share_touched_rows(positions[hot])
         popular_mask = is_popular(batch, hot)
         num_popular = int(popular_mask.sum())
         if num_popular == 0:
@@ -108,15 +115,24 @@ class DistributedHotlineTraining:
         normalizer = normalizer or size
         try:
             loss = torch.zeros((), device=batch.labels.device)
-            if popular is not None:
-                with self.embeddings.local_only():
-                    loss += self.train_step.backward(popular, normalizer)
-            loss += self.train_step.backward(other, normalizer)  # every rank joins the exchange
+            if popular is None:
+                loss += self.train_step.backward(other, normalizer)
+            else:
+                cold = self._worker.submit(self.embeddings.cold_forward, other)  # every rank joins the exchange
+                try:
+                    with self.embeddings.local_only():
+                        loss += self.train_step.backward(popular, normalizer)
+                finally:
+                    cold.exception()  # no collective of this step may still run in the worker after it
+                with self.embeddings.with_cold_part(cold):
+                    loss += self.train_step.backward(other, normalizer)
         except BaseException:
             self.train_step.zero_grad()
             raise
         self.train_step.apply()
         self.all_reduce_bytes += self.embeddings.reduce_bytes
+        if self.timer is not None:
+            self.timer.add_bytes("gradient_all_reduce", self.embeddings.reduce_bytes)
         self.counters.record_step(size, num_popular, hot)
         return loss
 
@@ -184,4 +200,5 @@ class DistributedHotlineTraining:
             self._sampled_at_relearn = self.logger.sampled_batches
 
     def close(self) -> None:
-        """Nothing outlives a step (no worker thread, no files)."""
+        """Stop the worker thread (idle between steps; no files)."""
+        self._worker.shutdown()
