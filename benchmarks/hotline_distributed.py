@@ -154,6 +154,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
     import numpy as np
     import torch.distributed as dist
 
+    from distrec.train.breakdown import COMPONENTS
     from distrec.train.loop import Trainer
 
     trainer = Trainer(cfg, out, progress=False)
@@ -179,6 +180,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         per_rank: list = [None] * world
         dist.all_gather_object(per_rank, (seconds[first_timed:], float(np.mean(exchanged[first_timed:])), float(np.mean(reduced[first_timed:]))))
         counters = {k: v - counters_start[k] for k, v in vars(training.counters).items()} if training else {}
+        components = {c: float(np.median([s.get(c, 0.0) for s in trainer.timer.steps[first_timed:]])) for c in COMPONENTS if c != "data_loading"}
     finally:
         trainer.close()
     slowest = np.max([s for s, _, _ in per_rank], axis=0)
@@ -191,6 +193,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         "all_reduce_bytes_per_step": all_reduce,
         "total_bytes_per_step": all_to_all + all_reduce,
         "cross_host_bytes_per_step": cross_host if link.ifname else None,
+        "rank0_components_ms": components,  # the trainer's breakdown, medians of the timed steps
     }
     if training:
         figures.update(

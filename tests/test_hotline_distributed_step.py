@@ -38,9 +38,8 @@ def _touched_rows_reduce(rank: int, world_size: int, cache: Path) -> dict:
     rows, dim = emb.hot_weight.shape
     looked_up = torch.tensor([[1, 4, 4, 9], [4, 7, rows - 1, 7]][rank])  # rank 0 and rank 1 share row 4
     emb.share_touched_rows(looked_up)
-    grad = torch.zeros(rows, dim)
-    grad[looked_up] = float(rank + 1)  # rank 0 writes 1s, rank 1 2s (repeats set once)
-    emb.hot_weight.grad = grad
+    unique = looked_up.unique()  # rank 0 writes 1s, rank 1 2s (as a sparse gradient, like the lookups')
+    emb.hot_weight.grad = torch.sparse_coo_tensor(unique.unsqueeze(0), torch.full((unique.numel(), dim), float(rank + 1)), (rows, dim))
     dense = nn.Parameter(torch.zeros(3))
     dense.grad = torch.full((3,), float(rank))
     emb.sync_gradients([dense])
@@ -79,14 +78,14 @@ def _overlapped_steps(rank: int, world_size: int, cache: Path, out: Path) -> dic
     seen = {"handshakes": 0}
     cold_started, popular_started = threading.Event(), threading.Event()
 
-    def cold_side(batch):
+    def cold_side(batch, *hot):
         if threading.current_thread() is threading.main_thread():  # no popular micro-batch on this rank, or evaluation
-            return cold_forward(batch)
+            return cold_forward(batch, *hot)
         cold_started.set()
         if not popular_started.wait(HANDSHAKE_SECONDS):
             raise AssertionError("the popular micro-batch did not start while the cold exchange ran")
         popular_started.clear()
-        return cold_forward(batch)
+        return cold_forward(batch, *hot)
 
     def popular_side(batch):
         if emb._local_only and torch.is_grad_enabled():

@@ -108,23 +108,21 @@ class DistributedHotlineTraining:
         self.embeddings.share_touched_rows(positions[hot])
         popular_mask = is_popular(batch, hot)
         num_popular = int(popular_mask.sum())
-        if num_popular == 0:
-            popular, other = None, batch
-        else:
-            popular, _, other, _ = split_batch(batch, popular_mask)
         normalizer = normalizer or size
         try:
             loss = torch.zeros((), device=batch.labels.device)
-            if popular is None:
-                loss += self.train_step.backward(other, normalizer)
+            if num_popular == 0:
+                with self.embeddings.known_rows(hot, positions):
+                    loss += self.train_step.backward(batch, normalizer)  # every rank joins the exchange
             else:
-                cold = self._worker.submit(self.embeddings.cold_forward, other)  # every rank joins the exchange
+                popular, popular_at, other, other_at = split_batch(batch, popular_mask)
+                cold = self._worker.submit(self.embeddings.cold_forward, other, hot[other_at])  # every rank joins the exchange
                 try:
-                    with self.embeddings.local_only():
+                    with self.embeddings.local_only(), self.embeddings.known_rows(hot[popular_at], positions[popular_at]):
                         loss += self.train_step.backward(popular, normalizer)
                 finally:
                     cold.exception()  # no collective of this step may still run in the worker after it
-                with self.embeddings.with_cold_part(cold):
+                with self.embeddings.known_rows(hot[other_at], positions[other_at], cold):
                     loss += self.train_step.backward(other, normalizer)
         except BaseException:
             self.train_step.zero_grad()

@@ -53,10 +53,10 @@ class ReplicatedHotEmbedding(nn.Module):
 
     Same contract as the sharded module: ``forward(batch) -> [B_local, F, D]``, a collective
     unless inside ``local_only()`` (for batches whose every index is hot) or given its cold
-    part (``cold_forward``, e.g. run by a worker thread, then ``with_cold_part``). ``hot_weight``
-    [H, D] holds global rows ``hot_ids`` (ascending); its gradient is dense until
-    ``sync_gradients`` averages it and makes it sparse (the rows any rank looked up, made
-    known by ``share_touched_rows``), so the project's sparse optimizers step it like any shard.
+    part (``cold_forward``, e.g. run by a worker thread, then ``known_rows``). ``hot_weight``
+    [H, D] holds global rows ``hot_ids`` (ascending); its sparse gradient is averaged by
+    ``sync_gradients`` over the rows any rank looked up (made known by
+    ``share_touched_rows``), so the project's sparse optimizers step it like any shard.
 
     Args:
         cold: this rank's sharded embeddings (all rows; hot ones are stale there).
@@ -82,7 +82,7 @@ class ReplicatedHotEmbedding(nn.Module):
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
-        self._cold_part: Future[tuple[torch.Tensor, ExchangeStats]] | None = None
+        self._known: tuple[torch.Tensor, torch.Tensor, Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
         self._touched: tuple[torch.Tensor, dist.Work] | None = None  # bit-packed touched hot rows, their pending union
         self.stats = ExchangeStats()  # of the last forward's sharded exchange (zero after a local-only forward)
         self.reduce_bytes = 0  # sent by the last sync_gradients (and its share_touched_rows)
@@ -97,41 +97,51 @@ class ReplicatedHotEmbedding(nn.Module):
             self._local_only = False
 
     @contextmanager
-    def with_cold_part(self, part: Future[tuple[torch.Tensor, ExchangeStats]]) -> Iterator[None]:
-        """Within the block, forward passes wait for and add ``part`` (``cold_forward`` of the
-        same batch, running elsewhere) instead of running the sharded exchange themselves."""
-        self._cold_part = part
+    def known_rows(self, hot: torch.Tensor, positions: torch.Tensor, cold: Future[tuple[torch.Tensor, ExchangeStats]] | None = None) -> Iterator[None]:
+        """Within the block, forward passes take their batch's hot lookups as given and, with
+        ``cold`` (``cold_forward`` of the same batch, running elsewhere), wait for it and add it
+        instead of running the sharded exchange themselves.
+
+        Args:
+            hot: bool [nnz], whether each index of the batch is a hot row.
+            positions: int64 [nnz], each hot index's row in the hot table (``find_sorted``).
+        """
+        self._known = (hot, positions, cold)
         try:
             yield
         finally:
-            self._cold_part = None
+            self._known = None
 
-    def cold_forward(self, batch: Batch) -> tuple[torch.Tensor, ExchangeStats]:
+    def cold_forward(self, batch: Batch, hot: torch.Tensor | None = None) -> tuple[torch.Tensor, ExchangeStats]:
         """The cold part of ``forward(batch)`` (a collective: the sharded exchange of the
         batch's cold indices) and its exchange statistics: pooled float32 [B_local, F, D].
+        ``hot``: bool [nnz], the batch's hot indices, if known.
 
         Thread-safe against a local-only forward of another batch, so a worker thread may
         run it while the caller computes on a popular micro-batch.
         """
-        hot, _ = find_sorted(self.hot_ids, self.space.batch_ids(batch))
+        if hot is None:
+            hot, _ = find_sorted(self.hot_ids, self.space.batch_ids(batch))
         pooled = self.cold(keep_indices(batch, ~hot))
         return pooled, self.cold.stats
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
-        ids = self.space.batch_ids(batch)
-        hot, pos = find_sorted(self.hot_ids, ids)
+        if self._known is None:
+            (hot, pos), cold_part = find_sorted(self.hot_ids, self.space.batch_ids(batch)), None
+        else:
+            hot, pos, cold_part = self._known
         hot_part = keep_indices(batch, hot, pos)
-        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True)
+        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True, sparse=True)
         pooled = pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
         if self._local_only:
             self.stats = ExchangeStats()
             return pooled
-        if self._cold_part is None:
-            cold, self.stats = self.cold_forward(batch)
+        if cold_part is None:
+            cold, self.stats = self.cold_forward(batch, hot)
             return pooled + cold
         waited = time.perf_counter()
-        cold, stats = self._cold_part.result()
+        cold, stats = cold_part.result()
         # the exchange ran beside other work: its bytes count, and as its time only the wait here
         self.stats = ExchangeStats(input_bytes=stats.input_bytes, output_bytes=stats.output_bytes, output_ms=(time.perf_counter() - waited) * 1e3)
         return pooled + cold
@@ -174,7 +184,10 @@ class ReplicatedHotEmbedding(nn.Module):
         """
         touched_bytes = self._touched[0].numel() if self._touched is not None else 0
         touched = self._touched_rows()
-        grad = self.hot_weight.grad[touched] if self.hot_weight.grad is not None else self.hot_weight.new_zeros(touched.numel(), self.dim)
+        grad = self.hot_weight.new_zeros(touched.numel(), self.dim)
+        if self.hot_weight.grad is not None:  # sparse, over this rank's rows (a subset of touched)
+            mine = self.hot_weight.grad.coalesce()
+            grad[torch.searchsorted(touched, mine.indices()[0])] = mine.values()
         parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [grad]
         flat = torch.cat([g.reshape(-1) for g in parts])
         dist.all_reduce(flat, group=self.group)
