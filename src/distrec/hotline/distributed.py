@@ -120,9 +120,10 @@ class DistributedHotlineTraining:
                 try:
                     with self.embeddings.local_only(), self.embeddings.known_rows(hot[popular_at], positions[popular_at]):
                         loss += self.train_step.backward(popular, normalizer)
-                finally:
+                except BaseException:
                     cold.exception()  # no collective of this step may still run in the worker after it
-                with self.embeddings.known_rows(hot[other_at], positions[other_at], cold):
+                    raise
+                with self.embeddings.known_rows(hot[other_at], positions[other_at], cold):  # waits for the worker (timed as output_all_to_all)
                     loss += self.train_step.backward(other, normalizer)
         except BaseException:
             self.train_step.zero_grad()
