@@ -1,5 +1,6 @@
-"""Distributed Hotline's step on real gloo groups: what its gradient all-reduce carries, and
-the non-popular micro-batch's exchange running beside the popular micro-batch's compute."""
+"""Distributed Hotline's step on real gloo groups: what its gradient all-reduce carries, the
+non-popular micro-batch's exchange running beside the popular micro-batch's compute, and the
+logger sampling only mini-batches a later re-learning reads."""
 
 from __future__ import annotations
 
@@ -99,10 +100,11 @@ def _overlapped_steps(rank: int, world_size: int, cache: Path, out: Path) -> dic
     emb.cold_forward, emb.forward = cold_side, popular_side
     try:
         trainer.fit()
-        stats = trainer.mode.training.stats()
+        training = trainer.mode.training
+        stats, logger = training.stats(), training.logger
     finally:
         trainer.close()
-    return {"handshakes": seen["handshakes"], "popular_fraction": stats["popular_fraction"]}
+    return {"handshakes": seen["handshakes"], "popular_fraction": stats["popular_fraction"], "sampled": logger.sampled_batches if logger else None}
 
 
 def test_the_cold_exchange_runs_in_a_worker_while_the_popular_micro_batch_computes(cache, tmp_path):
@@ -110,3 +112,6 @@ def test_the_cold_exchange_runs_in_a_worker_while_the_popular_micro_batch_comput
     for r in results:
         assert r["popular_fraction"] > 0
         assert r["handshakes"] >= 1  # and every step with a popular micro-batch passed the handshake
+    # rank 0's logger sampled the mini-batches of steps 0-5 (read at the re-learnings at steps
+    # 3 and 6), none after the last re-learning of the 9 steps
+    assert [r["sampled"] for r in results] == [6, None]

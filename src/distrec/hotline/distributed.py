@@ -68,7 +68,8 @@ class DistributedHotlineTraining:
         model: a RecommendationModel whose ``embeddings`` is a ReplicatedHotEmbedding.
         cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
             ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size).
-        total_steps: the run's length in optimizer steps (the default decay length).
+        total_steps: the run's length in optimizer steps (the default decay length; the
+            logger samples no mini-batch after the last re-learning before it).
         timer: charges the parts of each step to components (see ``TrainStep``).
     """
 
@@ -89,6 +90,7 @@ class DistributedHotlineTraining:
         total_rows = self.embeddings.space.total_rows
         self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed, total_rows=total_rows) if self.rank == 0 else None
         self.relearn_every = h.relearn_every
+        self.total_steps = total_steps
         self.counters = PipelineStats()
         self._sampled_at_relearn = 0
         self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
@@ -102,7 +104,7 @@ class DistributedHotlineTraining:
             self.relearn()
         size = batch.batch_size
         ids = self.embeddings.space.batch_ids(batch)
-        if self.logger is not None:
+        if self.logger is not None and self._relearns_later():
             self.logger.observe(ids)
         hot, positions = find_sorted(self.embeddings.hot_ids, ids)
         self.embeddings.share_touched_rows(positions[hot])
@@ -136,6 +138,10 @@ class DistributedHotlineTraining:
         return loss
 
     __call__ = step
+
+    def _relearns_later(self) -> bool:
+        """Whether a re-learning after this step will read the logger's window."""
+        return bool(self.relearn_every) and (self.counters.steps // self.relearn_every + 1) * self.relearn_every < self.total_steps
 
     def relearn(self) -> None:
         """Select the hot set from rank 0's logger window, broadcast it and move rows (a
