@@ -1,118 +1,267 @@
-"""Distributed Hotline: all-to-all bytes saved by replicating the hot rows, on this machine.
+"""Distributed Hotline against the sharded trainer: bytes per step and samples/s, in the same run.
 
-Trains the same model on the same Zipf-distributed synthetic batches with ``distrec train
---nproc-per-node N``: first the ordinary sharded trainer (every lookup through the
-all-to-all), then ``--hotline`` at several hot budgets (hot rows replicated on every rank,
-popular micro-batches with no all-to-all, the other micro-batch sending only its cold
-indices). Bytes are what rank 0 sent in its embedding all-to-alls (input and output) over
-all training steps, the learning phase (before the first hot set) included; the ratio is
-Hotline's bytes over the sharded trainer's. The replicated hot rows cost all-reduce bytes
-instead (one lookup count per hot row, and the gradients of the hot rows some rank looked
-up), so the gradient all-reduces are compared too (the sharded trainer's: the dense
-gradients, every step), and the total of both kinds of traffic. With ``--rounds R`` every
-run is repeated R times, the runs in turns, and the median round's samples/s is reported.
-The last line printed is one JSON object with every figure, also written to
-OUT/hotline_distributed.json.
+Two settings, each with the systems in turns (``--rounds`` rounds, the order alternating):
 
-Usage:
-    python benchmarks/hotline_distributed.py                       # ~3 minutes on 2 cores
-    python benchmarks/hotline_distributed.py --procs 4 --budgets 1MB 8MB
+- ``local``: 4 ranks on this machine (``--procs``), gloo over the loopback;
+- ``cluster``: 2 emulated hosts x 2 ranks (``benchmarks/dmt_cluster.py``'s ``EmulatedHosts``:
+  network namespaces joined by ``tc``-shaped links, default 1 Gbit/s and 0.2 ms host to
+  host; needs root).
+
+Both systems are distrec's trainer (``distrec.train.loop.Trainer``, the step it builds for the
+mode) on the same synthetic data: ``benchmarks/hotline.py``'s table mix, one table of 8M rows
+and 25 of 100 rows, every feature Zipf(1.05), so that about as many inputs are popular as
+there (~72% with its 16 MB of dim-64 rows; here dim 16, so the default budget of 4 MB holds
+about as many rows), DLRM with bottom MLP 256-64-16 and top MLP 256, SGD, table-wise plan:
+
+- ``sharded``: every lookup through the all-to-all, DDP for the dense layers;
+- ``hotline``: ``--hotline``: hot rows replicated on every rank; the hot set is learned from
+  rank 0's first ``--learn-steps`` mini-batches (sample rate 1) and the timed steps follow.
+
+Per step (the timed steps: after the hot set's first selection and one more step): the
+slowest rank's wall time of the training step (samples/s = global batch / its median), and
+the bytes rank r sent, averaged over ranks: the embedding all-to-alls (input exchange,
+output exchange and its backward, which sends as many bytes back) plus the gradient
+all-reduces (the sharded trainer's DDP: the dense gradients; Hotline's: the dense gradients
+and the touched hot rows' in one all-reduce, plus one bit per hot row for the union of the
+touched rows). On the emulated cluster the bytes that crossed the host links (veth
+counters) are reported too. Every rank computes with one thread (``OMP_NUM_THREADS=1``,
+``OMP_WAIT_POLICY=PASSIVE``).
+
+The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
+per step / the sharded trainer's), ``speedup`` (samples/s ratio) and ``popular_fraction``,
+with every figure; also written to OUT/hotline_distributed.json.
+
+Usage (as root for the cluster setting):
+    python benchmarks/hotline_distributed.py                         # both settings, ~10 minutes on 2 busy cores
+    python benchmarks/hotline_distributed.py --settings local --rounds 1 --learn-steps 10 --timed-steps 5
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import signal
 import sys
-from functools import partial
+import time
 from pathlib import Path
+from statistics import median
 
 import harness
+from dmt_cluster import EmulatedHosts, _LinkCounter
+
+SMALL_TABLES = 25  # hotline.py's mix: one large table, 25 of SMALL_ROWS rows
+SMALL_ROWS = 100
+SYSTEMS = ("sharded", "hotline")
 
 
-def overrides(args: argparse.Namespace) -> list[str]:
-    """``section.key=value`` items of the data set and model shared by every run."""
-    return [
-        f"data.synthetic.rows={args.batch_size * (args.steps + 2)}",
-        f"data.synthetic.num_sparse={args.tables}",
-        f"data.synthetic.table_rows={args.table_rows}",
-        f"data.max_ind_range={args.table_rows}",
+def overrides(args: argparse.Namespace, out: Path, hotline: bool) -> list[str]:
+    """``section.key=value`` items of one system's run."""
+    global_batch = args.batch_size * args.procs
+    steps = args.learn_steps + args.timed_steps + 1
+    small = {f"C{f + 2}": SMALL_ROWS for f in range(SMALL_TABLES)}
+    items = [
+        f"data.cache_dir={out / 'cache'}",
+        f"data.synthetic.rows={global_batch * (steps + 2)}",
+        f"data.synthetic.num_sparse={SMALL_TABLES + 1}",
+        f"data.synthetic.table_rows={args.big_rows}",
+        f"data.max_ind_range={args.big_rows}",
+        f"data.table_sizes={json.dumps(small)}",
         f"data.synthetic.zipf_exponent={args.zipf}",
         "data.split=random:0.01",
         f"model.embedding_dim={args.dim}",
-        "model.bottom_mlp=[64]",
-        "model.top_mlp=[64]",
-        f"train.batch_size={args.batch_size}",
-        f"train.max_steps={args.steps}",
+        "model.bottom_mlp=[256, 64]",
+        "model.top_mlp=[256]",
+        f"train.batch_size={global_batch}",
+        f"train.max_steps={steps}",
         "train.optimizer=sgd",
         "train.lr=0.01",
         "train.threads=1",
+        "train.log_every=0",
+        "parallel.sharding=table_wise",
     ]
+    if hotline:
+        items += ["hotline.enabled=true", "hotline.sample_rate=1.0", f"hotline.relearn_every={args.learn_steps}", f"hotline.hot_budget={args.hot_budget}"]
+    return items
 
 
-def train(label: str, extra: list[str], args: argparse.Namespace, round_index: int) -> dict:
-    """One ``distrec train`` run; its summary, with ``dense_all_reduce_bytes`` per step."""
-    out = Path(args.out) / label / f"round{round_index}"
-    arguments = ["--sharding", args.sharding, *harness.set_items(overrides(args)), *extra]
-    run = harness.distrec_train(out, arguments, args.procs, cache_dir=Path(args.out) / "cache")
-    summary = {**run.summary, "dense_all_reduce_bytes": run.breakdown["bytes_per_step"]["gradient_all_reduce"]}
-    print(f"  {label:<16} {summary['samples_per_s']:>9,.0f} samples/s  all-to-all {summary['all_to_all_bytes'] / 1e6:8.1f} MB", file=sys.stderr, flush=True)
-    return summary
+# ----------------------------------------------------------------------------- launcher
 
 
-def median_round(rounds: list[dict]) -> dict:
-    """The summary of the round with the median samples/s (bytes are the same in every round)."""
-    return sorted(rounds, key=lambda s: s["samples_per_s"])[(len(rounds) - 1) // 2]
+def run_setting(setting: str, args: argparse.Namespace) -> dict:
+    """Every round of both systems on one setting's ranks; rank 0's figures."""
+    from distrec import config
+    from distrec.data import prepare
+    from distrec.io import atomic_write_json
+
+    out = Path(args.out).resolve() / setting
+    out.mkdir(parents=True, exist_ok=True)
+    configs = {name: overrides(args, out.parent, name == "hotline") for name in SYSTEMS}
+    prepare(config.load(None, configs["sharded"]).data, progress=False)  # once, before the ranks read it
+    result_file = out / "result.json"
+    result_file.unlink(missing_ok=True)
+    spec = {"configs": configs, "out": str(out), "rounds": args.rounds, "first_timed": args.learn_steps + 1, "result_file": str(result_file)}
+    spec_file = out / "spec.json"
+    atomic_write_json(spec_file, spec)
+    worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
+    cluster = setting == "cluster"
+    per_host = args.procs // 2 if cluster else args.procs
+    hosts = EmulatedHosts(2, args.bandwidth, args.latency_ms) if cluster else contextlib.nullcontext()
+    with hosts:
+        master = hosts.address(0) if cluster else "127.0.0.1"
+        port = harness.free_port()
+        commands, envs = [], []
+        for rank in range(args.procs):
+            ifname = hosts.inner[rank // per_host] if cluster else "lo"
+            envs.append({**harness.rank_env(rank, args.procs, per_host, master, port), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+                         "GLOO_SOCKET_IFNAME": ifname, "HOST_IFNAME": ifname if cluster else ""})  # fmt: skip
+            commands.append(["ip", "netns", "exec", hosts.namespaces[rank // per_host], *worker] if cluster else worker)
+        harness.launch_ranks(commands, envs, f"hotline_distributed ({setting})")
+    return json.loads(result_file.read_text())
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def worker(spec_file: str) -> None:
+    """One rank: every round trains both systems, in turns; rank 0 writes the figures."""
+    import torch
+    import torch.distributed as dist
+
+    from distrec import config
+    from distrec.io import atomic_write_json
+    from distrec.parallel.comm import init_from_env
+
+    spec = json.loads(Path(spec_file).read_text())
+    torch.set_num_threads(1)
+    rank, _ = init_from_env(torch.device("cpu"))
+    rounds: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
+    for r in range(spec["rounds"]):
+        for name in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
+            cfg = config.load(None, spec["configs"][name])
+            rounds[name].append(train_system(cfg, Path(spec["out"]) / f"{name}-round{r}", spec["first_timed"]))
+            if rank == 0:
+                print(f"hotline_distributed: round {r} {name}: {json.dumps(rounds[name][-1])}", file=sys.stderr, flush=True)
+    if rank == 0:
+        atomic_write_json(spec["result_file"], rounds)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_system(cfg, out: Path, first_timed: int) -> dict:
+    """``cfg.train.max_steps`` steps of the trainer's own step; the timed steps' figures (a collective)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from distrec.train.breakdown import COMPONENTS
+    from distrec.train.loop import Trainer
+
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        t, world = cfg.train, trainer.world_size
+        training = getattr(trainer.mode, "training", None)  # Hotline's step, None for the sharded trainer
+        dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
+        batches = trainer.dataset.batches(trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, world))
+        link = _LinkCounter()
+        seconds, exchanged, reduced = [], [], []
+        for step, batch in zip(range(t.max_steps), batches):
+            if step == first_timed:
+                link_start, counters_start = link.tx(), dict(vars(training.counters)) if training else {}
+            started = time.perf_counter()
+            trainer.step_fn(batch, normalizer=t.batch_size / world)
+            seconds.append(time.perf_counter() - started)
+            trainer.timer.end_step()
+            stats = trainer.mode.exchange_stats()
+            exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back
+            reduced.append(training.embeddings.reduce_bytes if training else dense_bytes)
+        timed = t.max_steps - first_timed
+        cross_host = (link.tx() - link_start) / timed
+        per_rank: list = [None] * world
+        dist.all_gather_object(per_rank, (seconds[first_timed:], float(np.mean(exchanged[first_timed:])), float(np.mean(reduced[first_timed:]))))
+        counters = {k: v - counters_start[k] for k, v in vars(training.counters).items()} if training else {}
+        components = {c: float(np.median([s.get(c, 0.0) for s in trainer.timer.steps[first_timed:]])) for c in COMPONENTS if c != "data_loading"}
+    finally:
+        trainer.close()
+    slowest = np.max([s for s, _, _ in per_rank], axis=0)
+    all_to_all = float(np.mean([a for _, a, _ in per_rank]))
+    all_reduce = float(np.mean([r for _, _, r in per_rank]))
+    figures = {
+        "samples_per_s": t.batch_size / float(np.median(slowest)),
+        "step_ms": {"median": float(np.median(slowest)) * 1e3, "min": float(slowest.min()) * 1e3},
+        "all_to_all_bytes_per_step": all_to_all,
+        "all_reduce_bytes_per_step": all_reduce,
+        "total_bytes_per_step": all_to_all + all_reduce,
+        "cross_host_bytes_per_step": cross_host if link.ifname else None,
+        "rank0_components_ms": components,  # the trainer's breakdown, medians of the timed steps
+    }
+    if training:
+        figures.update(
+            popular_fraction=counters["popular_samples"] / counters["samples"],  # rank 0's samples of the timed steps
+            hot_lookup_fraction=counters["hot_lookups"] / counters["lookups"],
+            hot_rows=int(training.embeddings.hot_ids.numel()),
+        )
+    return figures
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def summarize(rounds: dict[str, list[dict]]) -> dict:
+    """Per system the median round (by samples/s; bytes are the same in every round), and the ratios."""
+    medians = {name: median(r["samples_per_s"] for r in runs) for name, runs in rounds.items()}
+    pick = {name: min(runs, key=lambda r: abs(r["samples_per_s"] - medians[name])) for name, runs in rounds.items()}
+    base, hot = pick["sharded"], pick["hotline"]
+    result = {
+        "bytes_ratio": round(hot["total_bytes_per_step"] / base["total_bytes_per_step"], 4),
+        "all_to_all_ratio": round(hot["all_to_all_bytes_per_step"] / base["all_to_all_bytes_per_step"], 4),
+        "speedup": round(medians["hotline"] / medians["sharded"], 3),
+        "speedup_per_round": [round(h["samples_per_s"] / s["samples_per_s"], 3) for h, s in zip(rounds["hotline"], rounds["sharded"])],
+        "popular_fraction": round(hot["popular_fraction"], 4),
+        "systems": {name: {**r, "samples_per_s_median": medians[name]} for name, r in pick.items()},
+    }
+    if base["cross_host_bytes_per_step"]:
+        result["cross_host_bytes_ratio"] = round(hot["cross_host_bytes_per_step"] / base["cross_host_bytes_per_step"], 4)
+    return result
+
+
+def print_table(results: dict[str, dict]) -> None:
+    print(f"\n{'setting':<8} {'system':<8} {'samples/s':>10} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}")
+    for setting, r in results.items():
+        for name, s in r["systems"].items():
+            ratio = r["bytes_ratio"] if name == "hotline" else 1.0
+            print(
+                f"{setting:<8} {name:<8} {s['samples_per_s_median']:>10,.0f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
+                f"{s['all_reduce_bytes_per_step'] / 1e6:>19.3f} {ratio:>12.3f} {s.get('popular_fraction', 0.0):>8.3f}"
+            )
+        print(f"{setting:<8} speedup {r['speedup']:.3f} (rounds: {r['speedup_per_round']})")
 
 
 def main() -> None:
+    if sys.argv[1:2] == [harness.WORKER_FLAG]:
+        worker(sys.argv[2])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sharding", default="table_wise", choices=["table_wise", "column_wise", "row_wise"])
-    defaults = dict(procs=2, budgets=["256KB", "1MB", "4MB"], steps=60, batch_size=4096, tables=8, table_rows=100_000, dim=16, zipf=1.05,
-                    sample_rate=0.5, relearn_every=10, rounds=1)  # fmt: skip
+    defaults = dict(procs=4, batch_size=1024, big_rows=8_000_000, dim=16, zipf=1.05, hot_budget="4MB", learn_steps=30, timed_steps=20, rounds=3,
+                    bandwidth="1gbit", latency_ms=0.2)  # fmt: skip
     harness.add_options(parser, defaults, {
-        "budgets": "hot budgets (bytes of the replicated table)",
-        "rounds": "rounds of every run, in turns; the median round's samples/s is reported (default 1)",
+        "batch_size": "samples per rank and step (the global batch is procs times this)",
+        "big_rows": "rows of the large table (hotline.py's: 8M)",
+        "learn_steps": "steps before the hot set is selected (rank 0's mini-batches, all sampled)",
+        "timed_steps": "steps timed after the hot set's selection and one more step (fewer than learn_steps)",
+        "rounds": "rounds of both systems, in turns; medians are reported",
+        "bandwidth": "tc rate of every emulated host link",
+        "latency_ms": "emulated host-to-host delay (ms)",
     })  # fmt: skip
+    parser.add_argument("--settings", nargs="+", default=["local", "cluster"], choices=["local", "cluster"])
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
     args = parser.parse_args()
-    hotline = ["--hotline", "--sample-rate", str(args.sample_rate), "--relearn-every", str(args.relearn_every)]
-    systems = {"sharded": partial(train, "sharded", [], args)}
-    systems.update({f"hotline-{budget}": partial(train, f"hotline-{budget}", [*hotline, "--hot-budget", budget], args) for budget in args.budgets})
-    summaries = {label: median_round(rounds) for label, rounds in harness.interleaved_rounds(systems, args.rounds).items()}
-    base = summaries["sharded"]
-    base_reduce = base["dense_all_reduce_bytes"] * args.steps
-    runs = {
-        "sharded": {
-            "samples_per_s": base["samples_per_s"],
-            "all_to_all_bytes": base["all_to_all_bytes"],
-            "all_reduce_bytes": base_reduce,
-            "total_bytes": base["all_to_all_bytes"] + base_reduce,
-        }
-    }
-    for budget in args.budgets:
-        s = summaries[f"hotline-{budget}"]
-        h = s["hotline"]
-        total = s["all_to_all_bytes"] + h["all_reduce_bytes"]
-        runs[f"hotline-{budget}"] = {
-            "samples_per_s": s["samples_per_s"],
-            "all_to_all_bytes": s["all_to_all_bytes"],
-            "bytes_ratio_vs_sharded": round(s["all_to_all_bytes"] / base["all_to_all_bytes"], 4),
-            "throughput_ratio_vs_sharded": round(s["samples_per_s"] / base["samples_per_s"], 3),
-            "popular_fraction": round(h["popular_fraction"], 4),
-            "hot_lookup_fraction": round(h["hot_lookup_fraction"], 4),
-            "hot_rows": h["hot_rows"],
-            "all_reduce_bytes": h["all_reduce_bytes"],
-            "total_bytes": total,
-            "total_bytes_ratio_vs_sharded": round(total / runs["sharded"]["total_bytes"], 4),
-        }
-    print(f"\n{'run':<16} {'samples/s':>10} {'a2a MB':>9} {'a2a ratio':>10} {'all-reduce MB':>14} {'total ratio':>12} {'popular':>8} {'hot lookups':>12}")
-    for label, r in runs.items():
-        print(
-            f"{label:<16} {r['samples_per_s']:>10,.0f} {r['all_to_all_bytes'] / 1e6:>9.1f} {r.get('bytes_ratio_vs_sharded', 1.0):>10.3f} "
-            f"{r['all_reduce_bytes'] / 1e6:>14.1f} {r.get('total_bytes_ratio_vs_sharded', 1.0):>12.3f} "
-            f"{r.get('popular_fraction', 0.0):>8.3f} {r.get('hot_lookup_fraction', 0.0):>12.3f}"
-        )
-    harness.finish({"config": vars(args), "baseline": "sharded", "runs": runs}, Path(args.out) / "hotline_distributed.json")
+    if args.procs % 2 or args.timed_steps >= args.learn_steps:
+        parser.error("--procs must be even (2 emulated hosts) and --timed-steps below --learn-steps (one hot set)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the namespaces are removed on kill too
+    results = {setting: summarize(run_setting(setting, args)) for setting in args.settings}
+    print_table(results)
+    harness.finish({"config": vars(args), "baseline": "sharded", **results}, Path(args.out) / "hotline_distributed.json")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ MULTIPROCESS_MODULES = {
     "test_cli_processes",
     "test_comm_timeout",
     "test_hotline_distributed",
+    "test_hotline_distributed_step",
     "test_parallel_sptt_embedding",
     "test_planner_collect",
     "test_planner_emit",

@@ -6,8 +6,11 @@ whose gradients ``ReplicatedHotEmbedding.sync_gradients`` averages together with
 rows'. Each rank splits its share of a mini-batch into a popular micro-batch, run from the
 replicated hot rows without any all-to-all, and a non-popular one, run through the sharded
 exchange with only its cold indices (every rank joins that exchange, with no samples if it
-has none). Both losses are the summed per-sample loss over the same normaliser, so the
-gradients, and the trained model, equal the ordinary sharded trainer's.
+has none). As in the one-process pipeline, a worker thread runs the non-popular micro-batch's
+exchange and cold lookups (input all-to-all, lookups, output all-to-all) while the popular
+micro-batch's forward and backward compute. Both losses are the summed per-sample loss over
+the same normaliser, so the gradients, and the trained model, equal the ordinary sharded
+trainer's.
 
 The hot set is learned on rank 0 (its access logger samples rank 0's batches) and broadcast
 at every re-learning; rows then move between the shards and the hot table with their
@@ -17,6 +20,7 @@ row-wise optimizer state, so the choice of hot set changes the traffic, never th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
@@ -64,7 +68,8 @@ class DistributedHotlineTraining:
         model: a RecommendationModel whose ``embeddings`` is a ReplicatedHotEmbedding.
         cfg: the run; uses ``cfg.train`` (optimizers, learning rates, schedule, seed) and
             ``cfg.hotline`` (hot budget, sample rate, relearn interval, logger size).
-        total_steps: the run's length in optimizer steps (the default decay length).
+        total_steps: the run's length in optimizer steps (the default decay length; the
+            logger samples no mini-batch after the last re-learning before it).
         timer: charges the parts of each step to components (see ``TrainStep``).
     """
 
@@ -85,9 +90,12 @@ class DistributedHotlineTraining:
         total_rows = self.embeddings.space.total_rows
         self.logger = AccessLogger(logger_bytes, h.sample_rate, seed=t.seed, total_rows=total_rows) if self.rank == 0 else None
         self.relearn_every = h.relearn_every
+        self.total_steps = total_steps
         self.counters = PipelineStats()
         self._sampled_at_relearn = 0
         self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
+        self.timer = timer
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="hotline-cold-exchange")
 
     def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """One training step on this rank's ``batch`` (a collective); the loss, detached: the
@@ -96,31 +104,44 @@ class DistributedHotlineTraining:
             self.relearn()
         size = batch.batch_size
         ids = self.embeddings.space.batch_ids(batch)
-        if self.logger is not None:
+        if self.logger is not None and self._relearns_later():
             self.logger.observe(ids)
-        hot, _ = find_sorted(self.embeddings.hot_ids, ids)
+        hot, positions = find_sorted(self.embeddings.hot_ids, ids)
+        self.embeddings.share_touched_rows(positions[hot])
         popular_mask = is_popular(batch, hot)
         num_popular = int(popular_mask.sum())
-        if num_popular == 0:
-            popular, other = None, batch
-        else:
-            popular, _, other, _ = split_batch(batch, popular_mask)
         normalizer = normalizer or size
         try:
             loss = torch.zeros((), device=batch.labels.device)
-            if popular is not None:
-                with self.embeddings.local_only():
-                    loss += self.train_step.backward(popular, normalizer)
-            loss += self.train_step.backward(other, normalizer)  # every rank joins the exchange
+            if num_popular == 0:
+                with self.embeddings.known_rows(hot, positions):
+                    loss += self.train_step.backward(batch, normalizer)  # every rank joins the exchange
+            else:
+                popular, popular_at, other, other_at = split_batch(batch, popular_mask)
+                cold = self._worker.submit(self.embeddings.cold_forward, other, hot[other_at])  # every rank joins the exchange
+                try:
+                    with self.embeddings.local_only(), self.embeddings.known_rows(hot[popular_at], positions[popular_at]):
+                        loss += self.train_step.backward(popular, normalizer)
+                except BaseException:
+                    cold.exception()  # no collective of this step may still run in the worker after it
+                    raise
+                with self.embeddings.known_rows(hot[other_at], positions[other_at], cold):  # waits for the worker (timed as output_all_to_all)
+                    loss += self.train_step.backward(other, normalizer)
         except BaseException:
             self.train_step.zero_grad()
             raise
         self.train_step.apply()
         self.all_reduce_bytes += self.embeddings.reduce_bytes
+        if self.timer is not None:
+            self.timer.add_bytes("gradient_all_reduce", self.embeddings.reduce_bytes)
         self.counters.record_step(size, num_popular, hot)
         return loss
 
     __call__ = step
+
+    def _relearns_later(self) -> bool:
+        """Whether a re-learning after this step will read the logger's window."""
+        return bool(self.relearn_every) and (self.counters.steps // self.relearn_every + 1) * self.relearn_every < self.total_steps
 
     def relearn(self) -> None:
         """Select the hot set from rank 0's logger window, broadcast it and move rows (a
@@ -184,4 +205,5 @@ class DistributedHotlineTraining:
             self._sampled_at_relearn = self.logger.sampled_batches
 
     def close(self) -> None:
-        """Nothing outlives a step (no worker thread, no files)."""
+        """Stop the worker thread (idle between steps; no files)."""
+        self._worker.shutdown()

@@ -9,16 +9,18 @@ cold indices through the sharded exchange. Sum pooling is additive, so a bag's v
 the sum of its hot part and its cold part.
 
 Every row is updated in exactly one place. A hot row's slot in its owner's shard is stale
-and never looked up (its indices are filtered out of the exchange); the hot table's
-gradient is averaged over the ranks with the dense gradients (only the rows some rank looked
-up, see ``sync_gradients``), so every replica takes the same step. When the hot set changes,
+and never looked up (its indices are filtered out of the exchange); the gradients of the hot
+rows some rank looked up are averaged over the ranks in the same all-reduce as the dense
+gradients (see ``sync_gradients``), so every replica takes the same step. When the hot set changes,
 leaving rows (weights and row-wise optimizer state) are written back into their owners'
 shards and entering rows are read out of them (``set_hot_ids``): no update is lost.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import torch
@@ -50,10 +52,11 @@ class ReplicatedHotEmbedding(nn.Module):
     """Hot rows replicated on every rank, the other rows sharded (``cold``).
 
     Same contract as the sharded module: ``forward(batch) -> [B_local, F, D]``, a collective
-    unless inside ``local_only()`` (for batches whose every index is hot). ``hot_weight``
-    [H, D] holds global rows ``hot_ids`` (ascending); its gradient is dense until
-    ``sync_gradients`` averages it and makes it sparse (the rows any rank looked up), so the
-    project's sparse optimizers step it like any shard.
+    unless inside ``local_only()`` (for batches whose every index is hot) or given its cold
+    part (``cold_forward``, e.g. run by a worker thread, then ``known_rows``). ``hot_weight``
+    [H, D] holds global rows ``hot_ids`` (ascending); its sparse gradient is averaged by
+    ``sync_gradients`` over the rows any rank looked up (made known by
+    ``share_touched_rows``), so the project's sparse optimizers step it like any shard.
 
     Args:
         cold: this rank's sharded embeddings (all rows; hot ones are stale there).
@@ -76,16 +79,13 @@ class ReplicatedHotEmbedding(nn.Module):
         device = next(cold.parameters()).device
         self.hot_ids = torch.zeros(0, dtype=torch.int64, device=device)
         self.hot_weight = nn.Parameter(torch.zeros(0, self.dim, device=device))
-        self.hot_lookups = torch.zeros(0, device=device)  # lookups per hot row since the last sync
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
-        self.reduce_bytes = 0  # sent by the last sync_gradients
-
-    @property
-    def stats(self) -> ExchangeStats:
-        """Bytes and milliseconds of the last sharded exchange (zero after a local-only forward)."""
-        return self.cold.stats
+        self._known: tuple[torch.Tensor, torch.Tensor, Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
+        self._touched: tuple[torch.Tensor, dist.Work] | None = None  # bit-packed touched hot rows, their pending union
+        self.stats = ExchangeStats()  # of the last forward's sharded exchange (zero after a local-only forward)
+        self.reduce_bytes = 0  # sent by the last sync_gradients (and its share_touched_rows)
 
     @contextmanager
     def local_only(self) -> Iterator[None]:
@@ -96,44 +96,108 @@ class ReplicatedHotEmbedding(nn.Module):
         finally:
             self._local_only = False
 
+    @contextmanager
+    def known_rows(self, hot: torch.Tensor, positions: torch.Tensor, cold: Future[tuple[torch.Tensor, ExchangeStats]] | None = None) -> Iterator[None]:
+        """Within the block, forward passes take their batch's hot lookups as given and, with
+        ``cold`` (``cold_forward`` of the same batch, running elsewhere), wait for it and add it
+        instead of running the sharded exchange themselves.
+
+        Args:
+            hot: bool [nnz], whether each index of the batch is a hot row.
+            positions: int64 [nnz], each hot index's row in the hot table (``find_sorted``).
+        """
+        self._known = (hot, positions, cold)
+        try:
+            yield
+        finally:
+            self._known = None
+
+    def cold_forward(self, batch: Batch, hot: torch.Tensor | None = None) -> tuple[torch.Tensor, ExchangeStats]:
+        """The cold part of ``forward(batch)`` (a collective: the sharded exchange of the
+        batch's cold indices) and its exchange statistics: pooled float32 [B_local, F, D].
+        ``hot``: bool [nnz], the batch's hot indices, if known.
+
+        Thread-safe against a local-only forward of another batch, so a worker thread may
+        run it while the caller computes on a popular micro-batch.
+        """
+        if hot is None:
+            hot, _ = find_sorted(self.hot_ids, self.space.batch_ids(batch))
+        pooled = self.cold(keep_indices(batch, ~hot))
+        return pooled, self.cold.stats
+
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
-        ids = self.space.batch_ids(batch)
-        hot, pos = find_sorted(self.hot_ids, ids)
-        if torch.is_grad_enabled():
-            self.hot_lookups += torch.bincount(pos[hot], minlength=self.hot_ids.numel())
+        if self._known is None:
+            (hot, pos), cold_part = find_sorted(self.hot_ids, self.space.batch_ids(batch)), None
+        else:
+            hot, pos, cold_part = self._known
         hot_part = keep_indices(batch, hot, pos)
-        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True)
+        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True, sparse=True)
         pooled = pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
         if self._local_only:
-            self.cold.stats = ExchangeStats()
+            self.stats = ExchangeStats()
             return pooled
-        return pooled + self.cold(keep_indices(batch, ~hot))
+        if cold_part is None:
+            cold, self.stats = self.cold_forward(batch, hot)
+            return pooled + cold
+        waited = time.perf_counter()
+        cold, stats = cold_part.result()
+        # the exchange ran beside other work: its bytes count, and as its time only the wait here
+        self.stats = ExchangeStats(input_bytes=stats.input_bytes, output_bytes=stats.output_bytes, output_ms=(time.perf_counter() - waited) * 1e3)
+        return pooled + cold
 
     # --- gradients --------------------------------------------------------------------------
+    def share_touched_rows(self, positions: torch.Tensor) -> None:
+        """Start the union over the ranks of the hot rows this step looks up (a collective,
+        asynchronous: ``sync_gradients`` waits for it), one bit per hot row.
+
+        Args:
+            positions: int64 [n], positions in the hot table of every hot lookup of this
+                rank's mini-batch (repeats allowed).
+        """
+        rows = self.hot_ids.numel()
+        bits = torch.zeros((rows + 7) // 8 * 8, dtype=torch.uint8, device=self.hot_ids.device)
+        bits[positions] = 1
+        packed = (bits.view(-1, 8) << torch.arange(8, dtype=torch.uint8, device=bits.device)).sum(1, dtype=torch.uint8)
+        self._touched = (packed, dist.all_reduce(packed, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
+
+    def _touched_rows(self) -> torch.Tensor:
+        """Positions int64 [T] (ascending) of the hot rows some rank looked up this step,
+        from the union ``share_touched_rows`` started."""
+        if self._touched is None:
+            raise RuntimeError("sync_gradients needs share_touched_rows first in every step")
+        packed, work = self._touched
+        self._touched = None
+        work.wait()
+        bits = (packed.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
+        return torch.nonzero(bits.view(-1)[: self.hot_ids.numel()]).view(-1)
+
     def sync_gradients(self, dense: list[nn.Parameter]) -> None:
         """Average ``dense`` gradients and the hot table's over the ranks (a collective), then
         make the hot gradient sparse over the rows any rank looked up and average the cold
         module's data-parallel tables.
 
-        Two all-reduces: the dense gradients with one lookup count per hot row, then the
-        gradients of only the hot rows some rank looked up (not the whole hot table).
-        ``reduce_bytes`` is set to this rank's bytes in both.
+        One all-reduce of the dense gradients followed by those of the hot rows some rank
+        looked up (not the whole hot table; ``share_touched_rows`` named them earlier in the
+        step). ``reduce_bytes`` is set to this rank's bytes in it and in the union of the
+        touched rows.
         """
-        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [self.hot_lookups]
+        touched_bytes = self._touched[0].numel() if self._touched is not None else 0
+        touched = self._touched_rows()
+        grad = self.hot_weight.new_zeros(touched.numel(), self.dim)
+        if self.hot_weight.grad is not None:  # sparse, over this rank's rows (a subset of touched)
+            mine = self.hot_weight.grad.coalesce()
+            grad[torch.searchsorted(touched, mine.indices()[0])] = mine.values()
+        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [grad]
         flat = torch.cat([g.reshape(-1) for g in parts])
         dist.all_reduce(flat, group=self.group)
         flat /= self.world_size
         pieces = flat.split([g.numel() for g in parts])
         for p, piece in zip(dense, pieces):
             p.grad = piece.view_as(p)
-        touched = torch.nonzero(pieces[-1]).view(-1)
-        grad = self.hot_weight.grad[touched] if self.hot_weight.grad is not None else self.hot_weight.new_zeros(touched.numel(), self.dim)
-        dist.all_reduce(grad, group=self.group)
-        grad /= self.world_size
-        self.reduce_bytes = (flat.numel() + grad.numel()) * flat.element_size()
-        self.hot_weight.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), grad, self.hot_weight.shape, is_coalesced=True, check_invariants=False)
-        self.hot_lookups.zero_()
+        self.reduce_bytes = flat.numel() * flat.element_size() + touched_bytes
+        rows = pieces[-1].view(-1, self.dim)
+        self.hot_weight.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), rows, self.hot_weight.shape, is_coalesced=True, check_invariants=False)
         if len(self.cold.replicas):
             self.cold.sync_replica_grads()
 
@@ -157,7 +221,6 @@ class ReplicatedHotEmbedding(nn.Module):
         self.hot_ids = ids
         self.hot_weight.data = rows[:, : self.dim].contiguous()
         self.hot_weight.grad = None
-        self.hot_lookups = torch.zeros(ids.numel(), device=ids.device)
         if optimizer is not None:
             state = self._row_state(optimizer, self.hot_weight)
             for k, key in enumerate(state):

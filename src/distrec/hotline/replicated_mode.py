@@ -71,3 +71,7 @@ class ReplicatedHotline(Sharded):
     @classmethod
     def wrote(cls, own: dict[str, Any], meta: dict[str, Any]) -> bool:
         return "dense" in own and "hotline" in own
+
+    def close(self) -> None:
+        if self.training is not None:
+            self.training.close()
