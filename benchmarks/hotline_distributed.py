@@ -49,7 +49,7 @@ from pathlib import Path
 from statistics import median
 
 import harness
-from dmt_cluster import EmulatedHosts, _LinkCounter
+from emulated_cluster import EmulatedHosts, LinkCounter
 
 SMALL_TABLES = 25  # hotline.py's mix: one large table, 25 of SMALL_ROWS rows
 SMALL_ROWS = 100
@@ -163,7 +163,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         training = getattr(trainer.mode, "training", None)  # Hotline's step, None for the sharded trainer
         dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
         batches = trainer.dataset.batches(trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, world))
-        link = _LinkCounter()
+        link = LinkCounter()
         seconds, exchanged, reduced = [], [], []
         for step, batch in zip(range(t.max_steps), batches):
             if step == first_timed:
