@@ -3,7 +3,7 @@
 Two settings, each with the systems in turns (``--rounds`` rounds, the order alternating):
 
 - ``local``: 4 ranks on this machine (``--procs``), gloo over the loopback;
-- ``cluster``: 2 emulated hosts x 2 ranks (``benchmarks/dmt_cluster.py``'s ``EmulatedHosts``:
+- ``cluster``: 2 emulated hosts x 2 ranks (``benchmarks/emulated_cluster.py``'s ``EmulatedHosts``:
   network namespaces joined by ``tc``-shaped links, default 1 Gbit/s and 0.2 ms host to
   host; needs root).
 
