@@ -125,11 +125,11 @@ def build_table(path: Path, rows: Callable[[int, int], torch.Tensor], num_rows: 
         os.posix_fallocate(fd, 0, num_rows * width * FLOAT_BYTES)  # fails now, not halfway, without room
         chunk = max(1, CHUNK_BYTES // (width * FLOAT_BYTES))
         with open(fd, "wb", closefd=False) as f, tqdm(total=num_rows * width * FLOAT_BYTES, unit="B", unit_scale=True, desc="building the table") as bar:
+            block = torch.zeros(min(chunk, num_rows), width)  # one buffer: a new one per chunk would be faulted in anew
             for start in range(0, num_rows, chunk):
                 end = min(start + chunk, num_rows)
-                block = torch.zeros(end - start, width)
-                block[:, :dim] = rows(start, end)
-                f.write(block.numpy().data)
+                block[: end - start, :dim] = rows(start, end)
+                f.write(block[: end - start].numpy().data)
                 f.flush()
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, start * width * FLOAT_BYTES, (end - start) * width * FLOAT_BYTES, os.POSIX_FADV_DONTNEED)
