@@ -13,6 +13,8 @@ counters), taking turns at ``--block-steps`` steps in a random order every round
 - ``hotline`` (c): ``HotlineTraining`` on the same file (``hotline.slow_tier_file``): the
   hot set (learned from ``--learn-steps`` mini-batches, as ``benchmarks/hotline.py`` does)
   in RAM, the popular micro-batch running while a worker gathers the other's cold rows;
+- ``hotline_unplaced``: (c) with its threads left to the scheduler (``hotline.place_threads:
+  false``): on a machine others load, a step pinned to one CPU cannot move to the other;
 - ``in_memory_scaled`` (a'): ordinary training with every table in RAM, the large one
   scaled down to ``--scaled-gb`` (same Zipf exponent and generator, fewer rows): the speed
   given up by going beyond RAM.
@@ -77,7 +79,7 @@ from hotline import LR, Setup, System, in_memory, make_batches, model_config, ru
 
 GB = 10**9
 TABLE_FILE = "hotline-beyond-ram-table.f32"
-SYSTEMS = ("mmap", "readahead", "hotline")  # on the file; then in_memory_scaled
+SYSTEMS = ("mmap", "readahead", "hotline", "hotline_unplaced")  # on the file; then in_memory_scaled
 MEMORY_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
 
 
@@ -179,7 +181,7 @@ def hotline_on_file(spec: WorkerSpec) -> System:
     s = spec.setup
     torch.manual_seed(s.seed)
     model = build_model(model_config(s), s.num_dense, stand_in_tables(spec.tables))
-    cfg = run_config(s, spec.table_file.parent, relearn_every=0)
+    cfg = run_config(dataclasses.replace(s, place_threads=s.place_threads and spec.kind == "hotline"), spec.table_file.parent, relearn_every=0)
     cfg.hotline.slow_tier_file = str(spec.table_file)
     training = HotlineTraining(model, cfg, len(spec.batches), spec.table_file.parent, tables=spec.tables)
     training.learn(spec.learn)
@@ -189,7 +191,7 @@ def hotline_on_file(spec: WorkerSpec) -> System:
 def make_system(spec: WorkerSpec) -> System:
     if spec.kind == "in_memory_scaled":
         return in_memory(spec.setup, spec.tables)
-    return hotline_on_file(spec) if spec.kind == "hotline" else on_file(spec, readahead=spec.kind == "readahead")
+    return hotline_on_file(spec) if spec.kind.startswith("hotline") else on_file(spec, readahead=spec.kind == "readahead")
 
 
 def serve(spec: WorkerSpec, conn: Connection) -> None:
@@ -314,7 +316,9 @@ def main() -> None:
         built = time.perf_counter()
         build_table(table_file, init, num_rows, width, setup.dim)
         build_seconds = time.perf_counter() - built
-        specs = [WorkerSpec(kind, setup, tables, own[k * n : (k + 1) * n], learn if kind == "hotline" else [], table_file) for k, kind in enumerate(SYSTEMS)]
+        specs = [
+            WorkerSpec(kind, setup, tables, own[k * n : (k + 1) * n], learn if kind.startswith("hotline") else [], table_file) for k, kind in enumerate(SYSTEMS)
+        ]
         specs.append(WorkerSpec("in_memory_scaled", scaled, scaled_tables, scaled_batches, [], table_file))
         ran = time.perf_counter()
         systems = measure(setup, specs)
@@ -339,6 +343,8 @@ def main() -> None:
         "ratio_vs_mmap": c["samples_per_s"] / systems["mmap"]["samples_per_s"],
         "ratio_vs_readahead": c["samples_per_s"] / systems["readahead"]["samples_per_s"],
         "ratio_vs_in_memory_scaled": c["samples_per_s"] / systems["in_memory_scaled"]["samples_per_s"],
+        "unplaced_ratio_vs_mmap": systems["hotline_unplaced"]["samples_per_s"] / systems["mmap"]["samples_per_s"],
+        "unplaced_ratio_vs_readahead": systems["hotline_unplaced"]["samples_per_s"] / systems["readahead"]["samples_per_s"],
         "peak_rss_fraction_of_ram": c["peak_VmHWM_bytes"] / ram,
         "peak_anon_fraction_of_ram": c["peak_RssAnon_bytes"] / ram,
         "table_gb": num_rows * width * FLOAT_BYTES / GB,
