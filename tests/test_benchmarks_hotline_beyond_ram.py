@@ -13,8 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from distrec.cli import main
+from distrec.errors import DistrecError
+from distrec.hotline.tiers import TwoTierStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import hotline_beyond_ram as bench  # noqa: E402
@@ -95,3 +98,14 @@ def test_distrec_train_hotline_trains_in_a_table_file_and_resumes(tmp_path, caps
     cold = np.setdiff1d(np.arange(ROWS), hot)
     np.testing.assert_array_equal(trained[cold], rows["whole"][cold])  # hot rows' file copies are stale until they leave
     assert not np.array_equal(trained[cold], start[cold])
+
+
+def test_a_table_file_of_the_wrong_size_or_with_a_host_tier_is_refused(tmp_path):
+    path = tmp_path / "rows.f32"
+    np.zeros((10, 4), np.float32).tofile(path)
+    with pytest.raises(DistrecError, match="has 160 bytes, not the 176 of 11 rows of 4 float32"):
+        TwoTierStore(11, 4, torch.device("cpu"), init=None, slow_file=path)
+    with pytest.raises(DistrecError, match="needs the disk slow tier"):
+        TwoTierStore(10, 4, torch.device("cpu"), init=None, slow="host", slow_file=path)
+    with TwoTierStore(10, 4, torch.device("cpu"), init=None, slow_file=path) as store:  # "auto" maps the file
+        assert store.slow_kind == "disk" and store.slow_directory == tmp_path
