@@ -41,7 +41,7 @@ with ``ratio_vs_mmap`` (c/b0), ``ratio_vs_readahead`` (c/b), ``ratio_vs_in_memor
 Ctrl-C or SIGTERM.
 
 Usage:
-    python benchmarks/hotline_beyond_ram.py                  # 1.5x RAM: 37.9 GB here, 12-18 minutes
+    python benchmarks/hotline_beyond_ram.py                  # 1.5x RAM: 37.9 GB here, 3-18 minutes
     python benchmarks/hotline_beyond_ram.py --table-gb 2     # quick
 """
 
