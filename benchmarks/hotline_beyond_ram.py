@@ -91,7 +91,7 @@ class BeyondRamSetup(Setup):
     table_gb: float = 0.0  # the large table's size; 0: about 1.5x RAM, as far as the disk allows
     scaled_gb: float = 8.0  # (a')'s large table, in RAM
     keep_free_gb: float = 20.0  # the disk space the table must leave free
-    timed_steps: int = 40
+    timed_steps: int = 60
 
 
 def ram_bytes() -> int:
