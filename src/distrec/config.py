@@ -238,6 +238,10 @@ class HotlineConfig:
     ``readahead``: a disk tier's gathers first start the reads of every page their rows
     touch, together (``hotline/readahead.py``); false: each page is read when the gather
     faults on it, as with a plain memory-mapped table (to measure what the readahead gains).
+    ``slow_tier_file``: an existing file of every embedding row (float32, row-major, no
+    header: [rows of all tables, dim + the embedding optimizer's per-row state]) used as the
+    disk tier in place of a scratch file: training starts from its rows and writes into it
+    (``hotline/tiers.py``, ``map_table_file``).
     """
 
     enabled: bool = False
@@ -249,6 +253,7 @@ class HotlineConfig:
     slow_tier_dir: str | None = None
     place_threads: bool = True
     readahead: bool = True
+    slow_tier_file: str | None = None
 
 
 @dataclass

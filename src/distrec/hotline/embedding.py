@@ -93,6 +93,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
         directory: where a disk tier's scratch file goes.
         progress: show a progress bar while initialising the slow tier.
         readahead: read a disk tier's pages ahead for each gather (see ``TwoTierStore``).
+        slow_file: an existing file of every stored row used as the disk tier in place
+            (``TwoTierStore``); ``init`` and ``seed`` are then unused.
 
     Example:
         >>> model.embeddings = HotlineEmbeddingBagCollection(tables, device, optimizer="adagrad")
@@ -112,6 +114,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
         directory: str | Path | None = None,
         progress: bool = False,
         readahead: bool = True,
+        slow_file: str | Path | None = None,
     ) -> None:
         super().__init__()
         dims = sorted({t.dim for t in tables})
@@ -130,7 +133,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
             rows[:, : self.dim] = weights(start, end)
             return rows
 
-        self.store = TwoTierStore(self.space.total_rows, width, self.device, stored_rows, slow, directory, progress, readahead)
+        self.store = TwoTierStore(self.space.total_rows, width, self.device, stored_rows, slow, directory, progress, readahead, slow_file)
         self._no_offsets = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)  # ids are global already
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched: EmbeddingLookup | None = None

@@ -76,12 +76,41 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
             os.posix_fallocate(fd, 0, nbytes)
         except OSError as e:
             raise no_room(e.strerror) from None
-        mapping = mmap.mmap(fd, nbytes)
-        mapping.madvise(mmap.MADV_RANDOM)
-        return np.frombuffer(mapping, dtype=np.float32).reshape(num_rows, width)
+        return _map_rows(fd, num_rows, width)
     finally:
         os.close(fd)
         Path(name).unlink(missing_ok=True)
+
+
+def map_table_file(path: str | Path, num_rows: int, width: int) -> np.ndarray:
+    """A float32 [num_rows, width] memory map of the existing file ``path``, read and written
+    in place (shared: the file holds every write), advised ``MADV_RANDOM`` as a scratch file.
+
+    The file holds exactly the rows, row-major float32 with no header (row ``i`` at byte
+    ``i * width * 4``), e.g. written chunk by chunk with ``ndarray.tofile``.
+    """
+    nbytes = num_rows * width * FLOAT_BYTES
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as e:
+        raise DistrecError(f"cannot open the slow tier's file {str(path)!r} ({e.strerror}); give an existing writable file of float32 rows") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes:
+            raise DistrecError(
+                f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width} float32; "
+                "write it for these tables and this embedding optimizer"
+            )
+        return _map_rows(fd, num_rows, width)
+    finally:
+        os.close(fd)
+
+
+def _map_rows(fd: int, num_rows: int, width: int) -> np.ndarray:
+    """A shared float32 [num_rows, width] map of the open file ``fd``, advised MADV_RANDOM."""
+    mapping = mmap.mmap(fd, num_rows * width * FLOAT_BYTES)
+    mapping.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapping, dtype=np.float32).reshape(num_rows, width)
 
 
 class TwoTierStore:
@@ -93,12 +122,15 @@ class TwoTierStore:
         device: the model's device; the fast tier lives there.
         init: fills rows ``[start, end)``; called in chunks of about ``CHUNK_BYTES``.
         slow: ``"disk"`` (memory-mapped scratch file), ``"host"`` (host memory, pinned for
-            CUDA) or ``"auto"`` (host for an accelerator, disk for the host).
+            CUDA) or ``"auto"`` (host for an accelerator, disk for the host or with ``slow_file``).
         directory: where the disk tier's scratch file goes (default: the system temp dir).
         progress: show a progress bar while initialising.
         readahead: start the disk tier's reads of all the pages a gather touches together
             (``readahead.py``); False: each row's page is read when the gather faults on it,
             as with a plain memory-mapped table (no effect on a host tier).
+        slow_file: an existing file of every row (``map_table_file``) used as the disk tier
+            in place instead of a scratch file: its rows are the initial values (``init`` is
+            not called), training writes into it, and it stays when the store is closed.
 
     Example:
         >>> store = TwoTierStore(1000, 4, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, 4))
@@ -118,6 +150,7 @@ class TwoTierStore:
         directory: str | Path | None = None,
         progress: bool = False,
         readahead: bool = True,
+        slow_file: str | Path | None = None,
     ):
         if slow not in SLOW_TIERS:
             raise DistrecError(f"slow tier {slow!r} is unknown; choose one of: {', '.join(SLOW_TIERS)}")
@@ -125,19 +158,25 @@ class TwoTierStore:
         self.width = width
         self.num_rows = num_rows
         if slow == "auto":
-            slow = "disk" if self.device.type == "cpu" else "host"
+            slow = "disk" if self.device.type == "cpu" or slow_file is not None else "host"
+        if slow_file is not None and slow != "disk":
+            raise DistrecError(f"a slow tier file ({str(slow_file)!r}) needs the disk slow tier, not {slow!r}; set the slow tier to disk or drop the file")
         self.slow_kind = slow
-        self.slow_directory = Path(directory or tempfile.gettempdir()) if slow == "disk" else None
+        self.slow_directory = None if slow != "disk" else Path(slow_file).parent if slow_file is not None else Path(directory or tempfile.gettempdir())
         self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
-        if self.slow_directory is not None:
+        if slow_file is not None:
+            self.slow = torch.from_numpy(map_table_file(slow_file, num_rows, width))
+        elif self.slow_directory is not None:
             self.slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
-            self.readahead = RowReadahead(self.slow) if readahead else None
         else:
             self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
+        if self.slow_directory is not None and readahead:
+            self.readahead = RowReadahead(self.slow)
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.fast = torch.empty((0, width), device=self.device)
         self._slot_of = torch.full((num_rows,), NOT_HOT, dtype=torch.int32)
-        self._fill(init, progress)
+        if slow_file is None:
+            self._fill(init, progress)
 
     def _fill(self, init: RowInit, progress: bool) -> None:
         for start, end in self._chunks("slow tier", progress):

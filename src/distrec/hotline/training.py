@@ -83,7 +83,8 @@ class HotlineTraining:
             readahead, thread placement).
         total_steps: the run's length in optimizer steps (the default decay length).
         run_dir: the run's output directory; the disk tier's scratch file goes there unless
-            ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped).
+            ``cfg.hotline.slow_tier_dir`` is set (the file is unlinked as soon as it is mapped);
+            with ``cfg.hotline.slow_tier_file`` that file is the disk tier, used in place.
         tables: the real tables when ``model`` was built with ``stand_in_tables(tables)``:
             their rows are then made tier by tier from the seed of the model's stand-in
             embeddings (``TableInit``), the values an ordinary model built at the same point
@@ -115,7 +116,9 @@ class HotlineTraining:
         embedding_optimizer = t.embedding_optimizer or t.optimizer
         directory = Path(h.slow_tier_dir or run_dir)
         device = next(model.parameters()).device
-        tier_kwargs = dict(optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead)
+        tier_kwargs = dict(
+            optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead, slow_file=h.slow_tier_file
+        )
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
