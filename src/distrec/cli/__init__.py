@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
+
+# distrec's compiled row kernels run on Python threads beside torch's OpenMP pool, whose idle
+# workers by default spin between parallel regions and take the cores those threads need
+# (docs/performance.md: 10% of a 20-index training step). Read once, when torch loads, which
+# no import above does; a value the user set wins, and workers inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from distrec import __version__
 from distrec.cli import failures  # not its names: ``report`` is also a command module here
