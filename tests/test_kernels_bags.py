@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from distrec.errors import DistrecError
 from distrec.kernels import bags as kernels
+from distrec.kernels import rows as row_kernels
 from distrec.kernels.bags import Segments, feature_segments
 from distrec.models import embedding
 from distrec.models.embedding import EmbeddingBagCollection, feature_major, group_by_row
@@ -29,7 +30,8 @@ def _feature_major_batch(seed: int, batch_size: int = 6, rows: tuple[int, ...] =
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pool_equals_embedding_bag_transposed_to_sample_major(seed, threads):
+def test_pool_equals_embedding_bag_transposed_to_sample_major(monkeypatch, seed, threads):
+    monkeypatch.setattr(row_kernels, "MIN_ROWS_PER_THREAD", 1)  # split even this small batch
     values, offsets, base, num_rows, weight = _feature_major_batch(seed)
     pooled = kernels.pool(weight, feature_segments(values, offsets, base, num_rows), threads)
     bags = feature_major(values, offsets, base)
@@ -39,8 +41,9 @@ def test_pool_equals_embedding_bag_transposed_to_sample_major(seed, threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_group_equals_a_stable_sort_of_all_rows(seed, threads):
+def test_group_equals_a_stable_sort_of_all_rows(monkeypatch, seed, threads):
     """Rows 3000 need two radix passes; each row's lookups stay in order, as a stable sort keeps them."""
+    monkeypatch.setattr(row_kernels, "MIN_ROWS_PER_THREAD", 1)
     values, offsets, base, num_rows, _ = _feature_major_batch(seed, max_bag=30)
     rows, bounds, picks = kernels.group(feature_segments(values, offsets, base, num_rows), threads)
     bags = feature_major(values, offsets, base)

@@ -24,6 +24,7 @@ import numba
 import numpy as np
 import torch
 
+from distrec.kernels import rows as row_kernels
 from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
 from distrec.kernels.rows import split_over_threads
 
@@ -194,10 +195,11 @@ def _arrays(*tensors: torch.Tensor) -> list[np.ndarray]:
 
 
 def _balanced_split(costs: torch.Tensor, threads: int | None) -> list[int]:
-    """Boundaries cutting items with ``costs`` int64 [n] into contiguous runs of about equal cost, one per thread."""
-    parts = max(1, min(threads or torch.get_num_threads(), costs.numel()))
+    """Boundaries cutting items with ``costs`` int64 [n] (lookups) into contiguous runs of about
+    equal cost, one per thread, none under ``MIN_ROWS_PER_THREAD`` lookups unless there is one run."""
     ends = torch.cumsum(costs, 0)
     total = int(ends[-1]) if costs.numel() else 0
+    parts = max(1, min(threads or torch.get_num_threads(), costs.numel(), total // row_kernels.MIN_ROWS_PER_THREAD))
     cuts = torch.searchsorted(ends, torch.tensor([total * i // parts for i in range(1, parts)]), right=True).tolist()
     return [0, *cuts, costs.numel()]
 
