@@ -43,14 +43,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
 import numpy as np
 
 import harness
-from emulated_cluster import fitted_cluster, run_ranks, start_rank, train_measured
+from emulated_cluster import finish_rank, fitted_cluster, run_ranks, start_rank, started_as_rank, train_measured
 
 AUC_TOLERANCE = 0.005  # the issue's bound on DMT's AUC loss against flat
 EMBEDDING_FORWARD = ("input_all_to_all", "lookup", "output_all_to_all")  # the trainer's breakdown components
@@ -160,10 +159,8 @@ def launch(args: argparse.Namespace) -> dict:
 
 def worker(spec_file: str) -> None:
     """One rank: time the links, then train every scheme with distrec's trainer; rank 0 writes the figures."""
-    import torch.distributed as dist
 
     from distrec import config
-    from distrec.io import atomic_write_json
 
     spec, rank, _, calibration = start_rank(spec_file)
     results = {}
@@ -171,10 +168,7 @@ def worker(spec_file: str) -> None:
         results[scheme] = train_scheme(config.load(None, overrides), Path(spec["out"]) / scheme, spec["warmup"])
         if rank == 0:
             print(f"dmt_cluster: {scheme}: {json.dumps(results[scheme])}", file=sys.stderr, flush=True)
-    if rank == 0:
-        atomic_write_json(spec["result_file"], {"schemes": results, "calibration": calibration})
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(spec, rank, {"schemes": results, "calibration": calibration})
 
 
 def train_scheme(cfg, out: Path, warmup: int) -> dict:
@@ -319,11 +313,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    if argv is None and sys.argv[1:2] == [harness.WORKER_FLAG]:
-        worker(sys.argv[2])
+    if started_as_rank(argv, worker):
         return {}
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on kill too
     summary = summarize(launch(args), args)
     out = Path(args.out)
     plot(summary, out / "dmt_cluster.png")

@@ -12,7 +12,8 @@ removed (also on failure or Ctrl-C).
 - in the ranks: ``start_rank`` (join, then ``measure_links``: all-to-all timings inside and
   across hosts, and ``matmul_flops_per_s``), ``train_measured`` (a training run's step times
   and the bytes over the hosts' links, ``LinkCounter``);
-- ``fitted_cluster``: the simulator's ``Cluster`` with links fitted to those timings.
+- ``fitted_cluster``: the simulator's ``Cluster`` with links fitted to those timings;
+- ``started_as_rank``: a benchmark's ``main`` runs its worker when launched as a rank.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -33,6 +35,17 @@ import harness
 
 CALIBRATION_BYTES = (64 << 10, 512 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls
 SUBNET = "10.231.{net}.{host}"
+
+
+def started_as_rank(argv: list[str] | None, worker: Callable[[str], Any]) -> bool:
+    """Whether this process is one of ``run_ranks``' workers (``harness.WORKER_FLAG`` SPEC), after
+    running ``worker(SPEC)``; otherwise SIGTERM is made to run the launcher's cleanup (the
+    namespaces) and False is returned."""
+    if argv is None and sys.argv[1:2] == [harness.WORKER_FLAG]:
+        worker(sys.argv[2])
+        return True
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return False
 
 
 class EmulatedHosts:
@@ -121,6 +134,18 @@ def run_ranks(worker: Sequence[str], hosts: int, ranks_per_host: int, bandwidth:
 
 
 # ----------------------------------------------------------------------------- in the ranks
+
+
+def finish_rank(spec: dict, rank: int, results: dict) -> None:
+    """Rank 0 writes ``results`` to the spec's ``result_file`` for the launcher; then every rank leaves the group."""
+    import torch.distributed as dist
+
+    from distrec.io import atomic_write_json
+
+    if rank == 0:
+        atomic_write_json(spec["result_file"], results)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def start_rank(spec_file: str) -> tuple[dict, int, Any, dict]:

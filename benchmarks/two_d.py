@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 from pathlib import Path
@@ -59,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from emulated_cluster import fitted_cluster, max_over_ranks, run_ranks, start_rank, train_measured
+from emulated_cluster import finish_rank, fitted_cluster, max_over_ranks, run_ranks, start_rank, started_as_rank, train_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -121,10 +120,8 @@ def launch(args: argparse.Namespace, out: Path) -> dict:
 
 def worker(spec_file: str) -> None:
     """One rank: time the links, then train every configuration in rounds; rank 0 writes the figures."""
-    import torch.distributed as dist
 
     from distrec import config
-    from distrec.io import atomic_write_json
 
     spec, rank, topology, calibration = start_rank(spec_file)
     names = list(spec["runs"])
@@ -136,10 +133,7 @@ def worker(spec_file: str) -> None:
             results[name].append(train_run(cfg, Path(spec["out"]) / name / f"round{r}", spec["warmup"]))
             if rank == 0:
                 print(f"two_d: round {r} {name}: {json.dumps(results[name][-1])}", file=sys.stderr, flush=True)
-    if rank == 0:
-        atomic_write_json(spec["result_file"], {"runs": results, "calibration": calibration})
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(spec, rank, {"runs": results, "calibration": calibration})
 
 
 def local_step_ms(cfg, world_size: int, steps: int = 12) -> float:
@@ -366,11 +360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     from distrec.io import atomic_write_json
 
-    if argv is None and sys.argv[1:2] == [harness.WORKER_FLAG]:
-        worker(sys.argv[2])
+    if started_as_rank(argv, worker):
         return {}
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the namespaces' cleanup on kill too
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if "cluster" in args.parts:
