@@ -174,6 +174,18 @@ def update_rows_in_backward(weight: nn.Parameter, update: RowUpdate | None) -> N
         setattr(weight, ROW_UPDATE, update)
 
 
+def _update_or_gradient(ctx, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
+    """The end of a pooling's backward from its lookups grouped by row (``RowUpdate``'s
+    arguments): apply the weight's in-backward update (``ctx.update``) and return None, or
+    return the coalesced sparse gradient of the weight (``ctx.weight_shape``)."""
+    if ctx.update is not None:
+        ctx.update(rows, bounds, picks, grad)
+        return None
+    # a sum over each row's entries is a sum pooling of bags: embedding_bag's kernel does it
+    values = F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True)
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=True)
+
+
 class _SumPooling(torch.autograd.Function):
     """Sum pooling of bags of weight rows whose backward yields a sparse COO gradient.
 
@@ -196,17 +208,10 @@ class _SumPooling(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         bags: Bags = ctx.bags
         grad = grad.contiguous()
-        if ctx.update is not None:
-            rows, bounds, order = group_by_row(bags.rows, ctx.weight_shape[0])
-            ctx.update(rows, bounds, order if bags.bag_of_row is None else bags.bag_of_row[order], grad)
-            return None, None
-        if bags.bag_of_row is None:
-            rows, values = bags.rows, grad
-        else:
-            rows, values = sum_by_row(bags.rows, grad, ctx.weight_shape[0], bags.bag_of_row)
-        coalesced = bags.bag_of_row is not None
-        sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=coalesced)
-        return sparse, None
+        if ctx.update is None and bags.bag_of_row is None:  # one entry per lookup: the output gradient itself
+            return torch.sparse_coo_tensor(bags.rows.unsqueeze(0), grad, ctx.weight_shape, check_invariants=False), None
+        rows, bounds, order = group_by_row(bags.rows, ctx.weight_shape[0])
+        return _update_or_gradient(ctx, rows, bounds, order if bags.bag_of_row is None else bags.bag_of_row[order], grad), None
 
 
 def bag_kernels() -> ModuleType:
@@ -231,12 +236,7 @@ class _SegmentPooling(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         grad = grad.contiguous()
-        rows, bounds, picks = bag_kernels().group(ctx.segments)
-        if ctx.update is not None:
-            ctx.update(rows, bounds, picks, grad)
-            return None, None
-        values = F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True)
-        return torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=True), None
+        return _update_or_gradient(ctx, *bag_kernels().group(ctx.segments), grad), None
 
 
 def pool_segments(weight: torch.Tensor, segments) -> torch.Tensor:
