@@ -19,6 +19,6 @@ pip="$venv/bin/pip"
 "$pip" install torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 "$pip" install --no-deps torchrec==1.8.0
 "$pip" install torch==2.13.0 tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions==0.0.32
-"$pip" install torch==2.13.0 numpy pyarrow PyYAML scikit-learn matplotlib k-means-constrained pytest pytest-timeout
+"$pip" install torch==2.13.0 numpy pyarrow PyYAML scikit-learn matplotlib k-means-constrained numba pytest pytest-timeout
 "$venv/bin/python" -c "import torchrec, fbgemm_gpu; import torchrec.distributed.planner; print('torchrec', torchrec.__version__, 'imports')"
 echo "ready: PYTHONPATH=$repo/src $venv/bin/python benchmarks/sharding.py --quick"

@@ -73,6 +73,8 @@ def test_two_ranks_equal_the_sharded_trainer(cache, tmp_path, optimizer):
     hot = summary["hotline"]
     assert hot["relearns"] == 2  # rows moved twice mid-run (steps 3 and 6)
     assert hot["hot_rows"] > 0 and 0 < hot["popular_fraction"] < 1
+    reduced = {run: json.loads((tmp_path / run / "breakdown.json").read_text())["bytes_per_step"]["gradient_all_reduce"] for run in ("sharded", "hotline")}
+    assert reduced["hotline"] > reduced["sharded"]  # Hotline's all-reduce adds the touched hot rows to the dense gradients
 
 
 def test_four_ranks_with_every_sharding_type_equal_the_sharded_trainer(cache, tmp_path):

@@ -12,6 +12,8 @@ from distrec.planner.calibrate import (
     MIN_COMPUTE,
     SampleCosts,
     _fresh_ids,
+    _measure_random,
+    chosen_counts,
     comm_predictions,
     compute_predictions,
     most_uncertain,
@@ -38,6 +40,35 @@ def test_a_budget_too_small_names_one_that_suffices():
     minutes = int(re.search(r"--budget-minutes (\d+)", str(raised.value)).group(1))
     counts = sample_counts(minutes * 60, COSTS, spent_s=20)  # the named budget is enough
     assert counts.compute >= MIN_COMPUTE and min(counts.comm.values()) >= MIN_COMM
+
+
+def test_the_budget_left_buys_chosen_samples_half_compute_half_all_to_all():
+    assert chosen_counts(120, COSTS) == (120, {4: 25, 8: 11})  # 30 s per world size: one start-up, then samples
+    assert chosen_counts(-5, COSTS) == (0, {4: 0, 8: 0})  # an overrun budget buys nothing more
+
+
+def test_random_samples_reprice_a_sample_from_what_they_took(tmp_path, monkeypatch):
+    """A fake clock: each new sample takes its kind's seconds, each all-to-all run adds its start-up."""
+    data, clock = tmp_path / "costs.jsonl", [0.0]
+    per_sample, start_up = {"compute-": 0.25, "comm4-": 0.5, "comm8-": 0.75}, {4: 5.0, 8: 8.0}
+    monkeypatch.setattr("distrec.planner.calibrate.time.perf_counter", lambda: clock[0])
+
+    def collect(compute: int, comm: int, devices: int) -> None:
+        prefix, count = ("compute-", compute) if compute else (f"comm{devices}-", comm)
+        new = _fresh_ids(data, prefix, count)[: count - sum(i.startswith(prefix) for i in json_ids(data))]
+        with data.open("a") as f:
+            f.writelines(json.dumps({"id": f"{prefix}{i}"}) + "\n" for i in new)
+        clock[0] += len(new) * per_sample[prefix] + (start_up[devices] if comm else 0.0)
+
+    collect(4, 0, 4)  # as if the pilot measured some already
+    costs = _measure_random(collect, data, [4, 8], 20, {4: 10, 8: 6}, COSTS)
+    assert costs.compute_s == pytest.approx(0.25) and costs.comm_s == pytest.approx({4: 0.5, 8: 0.75})
+    again = _measure_random(collect, data, [4, 8], 20, {4: 10, 8: 6}, COSTS)  # nothing new to measure: the pilot's prices
+    assert again == COSTS
+
+
+def json_ids(data) -> list[str]:
+    return [json.loads(line)["id"] for line in data.read_text().splitlines()] if data.exists() else []
 
 
 def test_most_uncertain_takes_the_largest_relative_spread():

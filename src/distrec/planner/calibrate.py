@@ -7,10 +7,12 @@
    of the rest buys compute samples and half all-to-all samples, shared evenly by the world
    sizes. The counts and the time estimate are printed before anything long starts.
 3. Active sampling: the first ``RANDOM_SHARE`` of each count are random samples (ids
-   0, 1, ...). Quick models are then trained from ``QUICK_SEEDS`` initialisations, and the
-   rest of each count are the candidates (``CANDIDATES_PER_SAMPLE`` fresh random samples
-   per slot) whose predicted cost the quick models disagree on most (the relative spread of
-   their predictions): where the data teaches the models least so far.
+   0, 1, ...). Quick models are then trained from ``QUICK_SEEDS`` initialisations. The
+   random samples' own timing re-prices a sample (a dozen pilot samples include warm-up and
+   misjudged it by up to 2x), and the collection budget left buys the rest, split as in 2:
+   the candidates (``CANDIDATES_PER_SAMPLE`` fresh random samples per slot) whose predicted
+   cost the quick models disagree on most (the relative spread of their predictions): where
+   the data teaches the models least so far.
 4. The final models are trained on everything; each model's held-out (test split) error is
    reported.
 
@@ -166,19 +168,56 @@ def calibrate(
     random_compute = max(PILOT_COMPUTE, int(RANDOM_SHARE * counts.compute))
     random_comm = {d: max(PILOT_COMM[1], int(RANDOM_SHARE * n)) for d, n in counts.comm.items()}
     log(f"[2/4] measuring {random_compute} random compute samples and {', '.join(f'{n} on {d} devices' for d, n in random_comm.items())}")
-    collect(random_compute, 0, devices[0])
-    for d in devices:
-        collect(0, random_comm[d], d)
+    costs = _measure_random(collect, data, devices, random_compute, random_comm, costs)
     log(f"[3/4] training {QUICK_SEEDS} quick models; measuring the samples they disagree on most")
     quick = [train_cost_models(data, None, seed=seed + k, epochs=QUICK_EPOCHS, patience=QUICK_PATIENCE, verbose=False) for k in range(QUICK_SEEDS)]
-    chosen = _choose(quick, counts.compute - random_compute, random_compute, lambda ids: compute_predictions(quick, ids, seed, max_dim))
+    chosen_compute, chosen_comm = chosen_counts(budget_minutes * 60 - counts.train_s - (time.perf_counter() - start), costs)
+    log(
+        f"      a sample took {costs.compute_s:.2f} s (compute) and {', '.join(f'{costs.comm_s[d]:.2f} s on {d} devices' for d in devices)}; "
+        f"the budget left buys {chosen_compute} compute samples and {', '.join(f'{n} on {d} devices' for d, n in chosen_comm.items())}"
+    )
+    chosen = _choose(quick, chosen_compute, random_compute, lambda ids: compute_predictions(quick, ids, seed, max_dim))
     collect(chosen, 0, devices[0])
     for d in devices:
-        chosen = _choose(quick, counts.comm[d] - random_comm[d], random_comm[d], lambda ids, d=d: comm_predictions(quick, d, ids, seed, max_dim))
+        chosen = _choose(quick, chosen_comm[d], random_comm[d], lambda ids, d=d: comm_predictions(quick, d, ids, seed, max_dim))
         collect(0, chosen, d)
     log("[4/4] training the cost models on all samples")
     models = train_cost_models(data, out_dir / COST_MODELS_FILE, seed=seed)
-    return models, counts
+    measured = SampleCounts(
+        random_compute + chosen_compute, {d: random_comm[d] + chosen_comm[d] for d in devices}, time.perf_counter() - start - counts.train_s, counts.train_s
+    )
+    return models, measured
+
+
+def chosen_counts(left_s: float, costs: SampleCosts) -> tuple[int, dict[int, int]]:
+    """The chosen (active) samples ``left_s`` seconds of measuring buy: half compute samples,
+    half all-to-all samples shared evenly by the world sizes (one collection run each).
+
+    Example:
+        >>> chosen_counts(120, SampleCosts(0.5, {4: 1.0, 8: 2.0}, {4: 5.0, 8: 8.0}))
+        (120, {4: 25, 8: 11})
+    """
+    share = max(left_s, 0.0) / 2 / len(costs.comm_s)
+    comm = {d: max(int((share - costs.comm_start_s[d]) / costs.comm_s[d]), 0) for d in sorted(costs.comm_s)}
+    return max(int(left_s / 2 / costs.compute_s), 0), comm
+
+
+def _measure_random(collect: Callable, data: Path, devices: list[int], compute: int, comm: dict[int, int], pilot: SampleCosts) -> SampleCosts:
+    """Measure the first ``compute`` and ``comm[d]`` random samples; the seconds per sample
+    they took (the pilot's where a run measured nothing new, e.g. when resuming)."""
+
+    def new_samples(prefix: str) -> int:
+        return sum(i.startswith(prefix) for i in done_sample_ids(data))
+
+    def timed(prefix: str, run: Callable[[], None], start_s: float, fallback: float) -> float:
+        before, t = new_samples(prefix), time.perf_counter()
+        run()
+        count = new_samples(prefix) - before
+        return max(time.perf_counter() - t - start_s, 0.0) / count if count else fallback
+
+    compute_s = timed("compute-", lambda: collect(compute, 0, devices[0]), 0.0, pilot.compute_s)
+    comm_s = {d: timed(f"comm{d}-", lambda d=d: collect(0, comm[d], d), pilot.comm_start_s[d], pilot.comm_s[d]) for d in devices}
+    return SampleCosts(compute_s, {d: s or pilot.comm_s[d] for d, s in comm_s.items()}, pilot.comm_start_s)
 
 
 def _pilot(collect: Callable, data: Path, devices: list[int]) -> SampleCosts:

@@ -356,12 +356,15 @@ class Trainer:
         label = f"{self.world_size}p {self.mode.embeddings}"
         if self.mode.plan is not None:
             label += " " + "+".join(sorted({p.sharding for p in self.mode.plan.tables}))
+        sent = self.timer.bytes_per_step()
+        if not sent["gradient_all_reduce"]:  # a mode that reduces its own gradients (Hotline) charged its real bytes
+            sent["gradient_all_reduce"] = dense_bytes if self.distributed else 0
         return {
             "label": label,
             "world_size": self.world_size,
             "embeddings": self.mode.embeddings,
             "batch_size": self.cfg.train.batch_size,
-            "bytes_per_step": {**self.timer.bytes_per_step(), "gradient_all_reduce": dense_bytes if self.distributed else 0},
+            "bytes_per_step": sent,
         }
 
 
