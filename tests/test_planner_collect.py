@@ -1,6 +1,8 @@
 """Micro-benchmark collection with real gloo processes, and the all-to-all it times."""
 
 import json
+import subprocess
+import sys
 
 import torch
 
@@ -35,6 +37,15 @@ def test_collect_writes_resumable_jsonl_with_two_gloo_processes(tmp_path):
     ids = [r["id"] for r in second if "id" in r]
     assert sorted(ids) == ["comm2-0", "comm2-1", "compute-0", "compute-1", "compute-2"]
     assert second[: len(first)] == first  # earlier samples are kept as they were
+
+
+def test_a_collection_run_leaves_no_semaphore_for_the_parent_to_warn_about(tmp_path):
+    """Its processes end by os._exit; a multiprocessing lock they made (tqdm's) would stay
+    registered, and the parent's resource tracker would warn of leaked semaphores at exit."""
+    code = f"from distrec.planner.collect import run_collect; run_collect({str(tmp_path / 'c.jsonl')!r}, 0, 1, 2, **{TINY!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr, done.stderr
 
 
 def test_compute_samples_depend_only_on_seed_and_id():

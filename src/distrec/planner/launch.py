@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tqdm import tqdm
 
 from distrec.allocator import keep_freed_memory
 from distrec.parallel.comm import backend_for, exit_without_finalizing
@@ -36,6 +38,10 @@ def spawn_group(fn: Callable, world_size: int, device_type: str, args: tuple = (
 
 
 def _run(rank: int, fn: Callable, world_size: int, device_type: str, port: int, threads: int, args: tuple) -> None:
+    # tqdm's default lock is a multiprocessing semaphore, registered with the parent's resource
+    # tracker; this process ends by os._exit, so it would stay registered and the parent would
+    # warn of "leaked semaphore objects" at exit. One thread here writes the bars: a thread lock does.
+    tqdm.set_lock(threading.RLock())
     keep_freed_memory()
     device = rank_device(device_type, rank)
     if device.type != "cpu":
