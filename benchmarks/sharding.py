@@ -35,7 +35,10 @@ means on their shared tasks; TorchRec's planner is reported on its own: ``torchr
 against the executed cost (the paper's Fig. 8 left, saved as a PNG); and the ablations (no
 column splits beyond those a table needs to fit a device, which is the paper's "no beam
 search" of its Table 3;
-beam width 1; no grid search; no cache: executed cost and search time).
+beam width 1; no grid search; no cache: executed cost and search time). With
+``--mlp-head-models`` (models trained on the same data with the paper's post-sum MLP compute
+head), NeuroShard also plans with those, and its plans are executed in the same rounds
+(``mlp_head_ratio``: their mean cost over the default head's, on the tasks both solved).
 
 The cost models come from ``--cost-models``, or are collected and trained into ``--out``
 first (resumable). ``--quick`` runs 2 max dims x 5 tasks (or ``--tasks``) per device count
@@ -74,6 +77,7 @@ from distrec.planner.torchrec_planner import torchrec_available, torchrec_versio
 ABLATIONS = ("no-split", "no-beam", "no-grid", "no-cache")
 BASELINES = (*HEURISTICS, "torchrec") if torchrec_available() else HEURISTICS  # TorchRec's planner where it is installed
 VARIANTS = ("neuroshard", *BASELINES, *(f"neuroshard-{a}" for a in ABLATIONS))
+MLP_HEAD = "neuroshard-mlp-head"  # NeuroShard with the paper's post-sum MLP compute head (--mlp-head-models)
 
 
 def parse_args() -> argparse.Namespace:
@@ -95,6 +99,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/sharding"), help="folder for cost data, models, results, figure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--mlp-head-models",
+        type=Path,
+        help="cost models trained on the same data with 'distrec plan train-cost-models --compute-head mlp': adds NeuroShard with the paper's compute head, executed beside the default's",
+    )
+    p.add_argument(
         "--cache-ablation-tasks", type=int, default=None, help="plan the no-cache ablation (search time only) for the first N tasks of a setting (default all)"
     )
     args = p.parse_args()
@@ -105,11 +114,13 @@ def parse_args() -> argparse.Namespace:
     args.tasks = 100 if args.tasks is None else args.tasks
     if args.cache_ablation_tasks is None:
         args.cache_ablation_tasks = args.tasks
+    args.variants = (*VARIANTS, MLP_HEAD) if args.mlp_head_models else VARIANTS
     return args
 
 
-def cost_models(args: argparse.Namespace) -> CostModels:
-    """Load the given models, or collect micro-benchmarks and train them into ``--out``."""
+def cost_models(args: argparse.Namespace) -> dict[str, CostModels]:
+    """Load the given models, or collect micro-benchmarks and train them into ``--out``; with
+    ``--mlp-head-models`` also those, under ``MLP_HEAD``."""
     if args.cost_models is not None:
         models = load_cost_models(args.cost_models)
     else:
@@ -119,29 +130,38 @@ def cost_models(args: argparse.Namespace) -> CostModels:
         models = train_cost_models(data, args.out / "cost_models.pt", seed=args.seed)
     if models.batch_size != args.batch_size:
         sys.exit(f"the cost models were measured with batch size {models.batch_size}; run with --batch-size {models.batch_size}")
-    return models
+    if args.mlp_head_models is None:
+        return {"neuroshard": models}
+    head = load_cost_models(args.mlp_head_models)
+    if head.compute.members[0].head_kind != "mlp" or head.batch_size != models.batch_size:
+        sys.exit(f"{args.mlp_head_models} must hold models trained with --compute-head mlp on the data of --cost-models")
+    return {"neuroshard": models, MLP_HEAD: head}
 
 
-def plan_task(task, models: CostModels, seed: int, with_no_cache: bool = True) -> dict[str, dict]:
+def plan_task(task, models: dict[str, CostModels], variants: tuple[str, ...], seed: int, with_no_cache: bool = True) -> dict[str, dict]:
     """Every variant's plan of one task: {"plan", "report"} or {"error"} (the no-cache ablation,
-    which only changes the search time, is left out unless ``with_no_cache``)."""
+    which only changes the search time, is left out unless ``with_no_cache``). The variant
+    ``MLP_HEAD`` plans with ``models[MLP_HEAD]``, every other with ``models["neuroshard"]``."""
     out = {}
-    for variant in VARIANTS if with_no_cache else [v for v in VARIANTS if v != "neuroshard-no-cache"]:
-        algorithm, _, ablation = variant.partition("-") if variant.startswith("neuroshard") else (variant, "", "")
+    for variant in variants if with_no_cache else [v for v in variants if v != "neuroshard-no-cache"]:
+        algorithm, _, ablation = variant.partition("-") if variant.startswith("neuroshard") and variant != MLP_HEAD else (variant, "", "")
         options = SearchOptions.ablation(ablation) if ablation else None
+        chosen = models.get(variant, models["neuroshard"])
         try:
-            plan, report = plan_tables(task.tables, task.num_devices, task.memory_per_device, models, algorithm, seed=seed, options=options)
+            plan, report = plan_tables(
+                task.tables, task.num_devices, task.memory_per_device, chosen, "neuroshard" if variant == MLP_HEAD else algorithm, seed=seed, options=options
+            )
             out[variant] = {"plan": plan, "report": report}
         except DistrecError as e:
             out[variant] = {"error": str(e)}
     return out
 
 
-def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> tuple[dict, list[tuple[float, float]]]:
+def run_setting(devices: int, max_dim: int, args, models: dict[str, CostModels], pool) -> tuple[dict, list[tuple[float, float]]]:
     """Plan and execute every task of one setting; return its summary and (predicted, real) pairs."""
     tasks = generate_tasks(pool, args.tasks, devices, max_dim, seed=args.seed * 1000 + devices * 200 + max_dim)
     planned = [
-        plan_task(t, models, args.seed + i, i < args.cache_ablation_tasks)
+        plan_task(t, models, args.variants, args.seed + i, i < args.cache_ablation_tasks)
         for i, t in enumerate(tqdm(tasks, desc=f"planning D={devices} max_dim={max_dim}", disable=not sys.stderr.isatty()))
     ]
     for i in range(len(tasks)):  # the cache changes search time, never the plan
@@ -149,7 +169,7 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
             assert planned[i]["neuroshard-no-cache"]["plan"].to_dict() == planned[i]["neuroshard"]["plan"].to_dict()
     jobs, job_number, job_of = [], {}, {}  # distinct plans of each task; (task, variant) -> its job
     for i in range(len(tasks)):
-        for v in VARIANTS:
+        for v in args.variants:
             if "plan" in planned[i].get(v, {}):
                 plan = planned[i][v]["plan"]
                 key = (i, json.dumps(plan.to_dict(), sort_keys=True))
@@ -159,19 +179,19 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
                 job_of[(i, v)] = job_number[key]
     costs = execute_plans(jobs, args.batch_size, warmup=1, repeats=args.repeats, seed=args.seed, progress=True, step_repeats=args.steps)
     real = {key: max(costs[job]["total"]) for key, job in job_of.items()}
-    solved = {v: [i for i in range(len(tasks)) if (i, v) in real] for v in VARIANTS}
+    solved = {v: [i for i in range(len(tasks)) if (i, v) in real] for v in args.variants}
 
     def mean_cost(variant: str, on: list[int]) -> float | None:
         return statistics.fmean(real[(i, variant)] for i in on) if on else None
 
-    attempted = {v: sum(v in p for p in planned) for v in VARIANTS}
+    attempted = {v: sum(v in p for p in planned) for v in args.variants}
     algorithms = {
         v: {
             "mean_ms": mean_cost(v, solved[v]),
             "success": len(solved[v]) / attempted[v] if attempted[v] else None,
             "search_time_s": statistics.fmean(planned[i][v]["report"]["search_time_s"] for i in solved[v]) if solved[v] else None,
         }
-        for v in VARIANTS
+        for v in args.variants
     }
     shared = {b: [i for i in solved[b] if i in set(solved["neuroshard"])] for b in BASELINES}
     for b in BASELINES:  # NeuroShard over the baseline on the tasks both solved
@@ -179,6 +199,7 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
     rated = [b for b in HEURISTICS if algorithms[b]["ratio"] is not None]
     strongest = max(rated, key=lambda b: algorithms[b]["ratio"]) if rated else None  # the heuristic hardest to beat
     torchrec = algorithms.get("torchrec", {})
+    head_shared = [i for i in solved.get(MLP_HEAD, []) if i in set(solved["neuroshard"])]
     pairs = [(planned[i]["neuroshard"]["report"]["predicted_max_ms"], real[(i, "neuroshard")]) for i in solved["neuroshard"]]
     details = plan_details(jobs, job_of, costs, planned)
     summary = {
@@ -194,6 +215,7 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
         "torchrec_ms": torchrec.get("mean_ms"),
         "torchrec_success": torchrec.get("success"),
         "ratio_vs_torchrec": torchrec.get("ratio"),
+        "mlp_head_ratio": mean_cost(MLP_HEAD, head_shared) / mean_cost("neuroshard", head_shared) if head_shared else None,
         "planning_s": {v: algorithms[v]["search_time_s"] for v in VARIANTS[: 1 + len(BASELINES)]},
         "neuroshard_predicted_ms": statistics.fmean(p for p, _ in pairs) if pairs else None,
         "cache_hit_rate": statistics.fmean(planned[i]["neuroshard"]["report"]["cache_hit_rate"] for i in solved["neuroshard"]) if pairs else None,
@@ -207,19 +229,17 @@ def run_setting(devices: int, max_dim: int, args, models: CostModels, pool) -> t
 
 def plan_details(jobs: list, job_of: dict[tuple[int, str], int], costs: list[dict], planned: list[dict]) -> list[dict]:
     """Every executed plan: its task, the variants that produced it, and per device its
-    executed and predicted ms by part (compute, forward and backward all-to-all, total)."""
+    executed and predicted ms by part (compute, forward and backward all-to-all, total), as
+    the default cost models predict it (none for a plan only ``MLP_HEAD`` made)."""
     variants: list[list[tuple[int, str]]] = [[] for _ in jobs]
     for key, job in job_of.items():
         variants[job].append(key)
-    return [
-        {
-            "task": keys[0][0],
-            "variants": [v for _, v in keys],
-            "executed_ms": costs[job],
-            "predicted_ms": planned[keys[0][0]][keys[0][1]]["report"].get("predicted_ms"),
-        }
-        for job, keys in enumerate(variants)
-    ]
+    details = []
+    for job, keys in enumerate(variants):
+        by_default = [(i, v) for i, v in keys if v != MLP_HEAD]
+        predicted = planned[by_default[0][0]][by_default[0][1]]["report"].get("predicted_ms") if by_default else None
+        details.append({"task": keys[0][0], "variants": [v for _, v in keys], "executed_ms": costs[job], "predicted_ms": predicted})
+    return details
 
 
 def pairs_ordered_as_executed(plans: list[dict], tie: float = 0.02) -> float | None:
@@ -265,6 +285,7 @@ def markdown_table(settings: list[dict]) -> str:
         "search s (full / no split / beam width 1 / no grid)",
         "no cache: search time x",
         "plan pairs ordered as executed",
+        "paper's MLP head: ms (/ default head, shared tasks)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in settings:
@@ -288,6 +309,7 @@ def markdown_table(settings: list[dict]) -> str:
                     search,
                     fmt(s["cache_speedup"], ".2f"),
                     fmt(s["pairs_ordered_as_executed"], ".2f"),
+                    f"{fmt(a[MLP_HEAD]['mean_ms'])} ({fmt(s['mlp_head_ratio'], '.3f')})" if MLP_HEAD in a else "-",
                 ]
             )
             + " |"
@@ -331,15 +353,16 @@ def main() -> None:
                 + ", ".join(f"{v} {fmt(a[v]['mean_ms'])} ms ({a[v]['success']:.0%})" for v in VARIANTS[: 1 + len(BASELINES)])
                 + "; NeuroShard/baseline on shared tasks: "
                 + ", ".join(f"{b} {fmt(a[b]['ratio'], '.3f')}" for b in BASELINES)
-                + f"; plan pairs the cost models order as executed: {fmt(summary['pairs_ordered_as_executed'], '.2f')}",
+                + f"; plan pairs the cost models order as executed: {fmt(summary['pairs_ordered_as_executed'], '.2f')}"
+                + (f"; paper's MLP head / default head: {fmt(summary['mlp_head_ratio'], '.3f')}" if MLP_HEAD in a else ""),
                 flush=True,
             )
     predicted, executed = np.array(pairs).T if pairs else (np.zeros(0), np.zeros(0))
     result = {
         "settings": settings,
         "predicted_vs_real_pearson": float(np.corrcoef(predicted, executed)[0, 1]) if len(pairs) > 2 else None,
-        "cost_model_metrics": {k: v["test_mse"] for k, v in models.metrics.items()},
-        "hardware": models.hardware,
+        "cost_model_metrics": {k: v["test_mse"] for k, v in models["neuroshard"].metrics.items()},
+        "hardware": models["neuroshard"].hardware,
         "torchrec": torchrec_version(),
         "batch_size": args.batch_size,
         "seconds": time.perf_counter() - start,
