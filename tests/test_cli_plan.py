@@ -10,6 +10,7 @@ from distrec.cli import main
 from distrec.cli.plan import warn_worse_than_the_mean
 from distrec.parallel.plan import Shard, ShardingPlan, TablePlacement
 from distrec.planner.api import tables_per_rank
+from distrec.planner.cost_models import DEFAULT_COMPUTE_HEAD, CostModels
 from distrec.planner.store import COST_DATA_FILE, COST_MODELS_FILE
 from distrec.planner.table_file import load_table_specs
 from test_planner_cost_models import write_synthetic_costs
@@ -56,6 +57,7 @@ def test_train_cost_models_prints_test_mse_and_saves_with_hardware(cost_models_d
     summary = json.loads(out[-1])
     assert summary["hardware"]["cpu"] == "test cpu" and set(summary["test_mse"]) == {"compute", "fw_comm_2", "bw_comm_2"}
     assert (cost_models_dir / COST_MODELS_FILE).is_file()
+    assert {m.head_kind for m in CostModels.load(cost_models_dir / COST_MODELS_FILE).compute.members} == {DEFAULT_COMPUTE_HEAD}  # the command's default head
 
 
 def test_neuroshard_plan_is_written_valid_and_reported(tables_file, cost_models_dir, tmp_path, capsys):

@@ -123,7 +123,7 @@ def test_inputs_beyond_the_training_range_predict_as_at_its_edge(tmp_path):
 
 
 def test_compute_model_is_additive_and_monotone_in_the_tables(tmp_path):
-    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 200, 20), seed=0, epochs=80, verbose=False)
+    models = train_cost_models(write_synthetic_costs(tmp_path / "costs.jsonl", 200, 20), seed=0, epochs=80, verbose=False, compute_head="monotone")
     predictor = models.predictor(2)
     pool = make_table_pool(seed=0)
     tables = [pool.table(i, int(d), f"t{i}") for i, d in enumerate([4, 16, 64, 8, 32])]

@@ -89,9 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument(
         "--compute-head",
-        choices=("monotone", "mlp"),
-        default="monotone",
-        help="compute model after the per-table sum: monotone (additive, default) or mlp (the NeuroShard paper's)",
+        choices=("mlp", "monotone"),  # distrec.planner.cost_models.COMPUTE_HEADS, without importing torch here
+        default="mlp",
+        help="compute model after the per-table sum: mlp (the NeuroShard paper's, default) or monotone (additive over tables)",
     )
     train.set_defaults(handler=run_train)
 

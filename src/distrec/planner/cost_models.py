@@ -1,15 +1,15 @@
 """NeuroShard's neural cost models: computation per device, forward and backward all-to-all.
 
 - Computation: a shared per-table MLP (F -> 128 -> 32, ReLU: non-negative) embeds each table
-  (or column shard) on a device; the embeddings are summed and a monotone head, a linear
-  map with positive weights (softplus of free parameters) and a positive offset, predicts the
-  device's forward+backward lookup time (ms). A device's cost is then the sum of learned
-  non-negative per-table costs plus a constant: adding a table never makes a device cheaper,
-  and the search balancing predicted costs balances per-table costs, as lookup-greedy
-  balances dim x pooling factor (test R^2 0.93 here, a free MLP head 0.91). The NeuroShard
-  paper's form, an MLP after the sum (``compute_head="mlp"``: 32 -> 64 -> 1), is offered
-  for comparison: it can learn that tables sharing a device do not cost the sum of their
-  parts (the paper's Observation 2), but it is not monotone. The loss is the MSE in ms. The prediction is the mean of an ensemble of
+  (or column shard) on a device; the embeddings are summed and a head predicts the device's
+  forward+backward lookup time (ms). The default head is the NeuroShard paper's, an MLP
+  after the sum (``compute_head="mlp"``: 32 -> 64 -> 1): it can learn that tables sharing a
+  device do not cost the sum of their parts (the paper's Observation 2). The other,
+  ``monotone``, is a linear map with positive weights (softplus of free parameters) and a
+  positive offset: a device's cost is then the sum of learned non-negative per-table costs
+  plus a constant, so adding a table never makes a device cheaper. The paper's head is the
+  default because it had the lower held-out error and its plans executed cheaper
+  (docs/neuroshard-vs-torchrec.md, "The compute model's head"). The loss is the MSE in ms. The prediction is the mean of an ensemble of
   such nets trained from different initialisations: a search picks the plans whose cost one
   net under-predicts most, and independently trained nets disagree on exactly those (a
   single net's best plans of 8-device tasks were 15-21% cheaper than lookup-greedy's by its
@@ -64,6 +64,7 @@ COMM_MLP = (128, 64, 32, 16)
 POST_SUM_MLP = (64,)
 ComputeHead = Literal["monotone", "mlp"]
 COMPUTE_HEADS: tuple[ComputeHead, ...] = ("monotone", "mlp")
+DEFAULT_COMPUTE_HEAD: ComputeHead = "mlp"  # the paper's; see the module doc
 
 
 def _mlp(sizes: Iterable[int], final_relu: bool) -> nn.Sequential:
@@ -549,7 +550,7 @@ def train_cost_models(
     epochs: int = 1000,
     patience: int = 60,
     verbose: bool = True,
-    compute_head: ComputeHead = "monotone",
+    compute_head: ComputeHead = DEFAULT_COMPUTE_HEAD,
 ) -> CostModels:
     """Train the computation and communication models from collected micro-benchmarks.
 
@@ -560,8 +561,8 @@ def train_cost_models(
         epochs: the most epochs per model; early stopping usually ends sooner.
         patience: epochs without a better validation MSE before stopping.
         verbose: print each model's test MSE.
-        compute_head: ``monotone`` (the default, additive over tables) or ``mlp`` (the paper's
-            MLP after the sum); see the module doc.
+        compute_head: ``mlp`` (the default: the paper's MLP after the sum) or ``monotone``
+            (additive over tables); see the module doc.
     """
     paths = [data_paths] if isinstance(data_paths, (str, Path)) else list(data_paths)
     compute_recs, comm_recs, hardware = read_cost_samples(paths)
@@ -594,7 +595,7 @@ def train_cost_models(
     return models
 
 
-def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int, compute_head: ComputeHead = "monotone"):
+def _fit_all(compute_data: _ComputeData, comm_recs: list[dict], seed: int, epochs: int, patience: int, compute_head: ComputeHead):
     """Train the computation model and a forward/backward pair per world size in the comm records."""
     members, runs = [], []
     for _ in range(ENSEMBLE_SIZE):  # same split and batches, another initialisation each
