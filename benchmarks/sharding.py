@@ -146,13 +146,16 @@ def plan_task(task, models: dict[str, CostModels], variants: tuple[str, ...], se
     ``MLP_HEAD`` plans with ``models[MLP_HEAD]``, every other with ``models["neuroshard"]``."""
     out = {}
     for variant in variants if with_no_cache else [v for v in variants if v != "neuroshard-no-cache"]:
-        algorithm, _, ablation = variant.partition("-") if variant.startswith("neuroshard") and variant != MLP_HEAD else (variant, "", "")
+        if variant == MLP_HEAD:
+            algorithm, ablation = "neuroshard", ""
+        elif variant.startswith("neuroshard"):
+            algorithm, _, ablation = variant.partition("-")
+        else:
+            algorithm, ablation = variant, ""
         options = SearchOptions.ablation(ablation) if ablation else None
         chosen = models.get(variant, models["neuroshard"])
         try:
-            plan, report = plan_tables(
-                task.tables, task.num_devices, task.memory_per_device, chosen, "neuroshard" if variant == MLP_HEAD else algorithm, seed=seed, options=options
-            )
+            plan, report = plan_tables(task.tables, task.num_devices, task.memory_per_device, chosen, algorithm, seed=seed, options=options)
             out[variant] = {"plan": plan, "report": report}
         except DistrecError as e:
             out[variant] = {"error": str(e)}

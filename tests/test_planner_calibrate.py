@@ -19,6 +19,7 @@ from distrec.planner.calibrate import (
     most_uncertain,
     sample_counts,
 )
+from distrec.planner.collect import done_sample_ids
 from distrec.planner.cost_models import train_cost_models
 from test_planner_cost_models import write_synthetic_costs
 
@@ -55,7 +56,7 @@ def test_random_samples_reprice_a_sample_from_what_they_took(tmp_path, monkeypat
 
     def collect(compute: int, comm: int, devices: int) -> None:
         prefix, count = ("compute-", compute) if compute else (f"comm{devices}-", comm)
-        new = _fresh_ids(data, prefix, count)[: count - sum(i.startswith(prefix) for i in json_ids(data))]
+        new = _fresh_ids(data, prefix, count)[: count - sum(i.startswith(prefix) for i in done_sample_ids(data))]
         with data.open("a") as f:
             f.writelines(json.dumps({"id": f"{prefix}{i}"}) + "\n" for i in new)
         clock[0] += len(new) * per_sample[prefix] + (start_up[devices] if comm else 0.0)
@@ -65,10 +66,6 @@ def test_random_samples_reprice_a_sample_from_what_they_took(tmp_path, monkeypat
     assert costs.compute_s == pytest.approx(0.25) and costs.comm_s == pytest.approx({4: 0.5, 8: 0.75})
     again = _measure_random(collect, data, [4, 8], 20, {4: 10, 8: 6}, COSTS)  # nothing new to measure: the pilot's prices
     assert again == COSTS
-
-
-def json_ids(data) -> list[str]:
-    return [json.loads(line)["id"] for line in data.read_text().splitlines()] if data.exists() else []
 
 
 def test_most_uncertain_takes_the_largest_relative_spread():
