@@ -171,7 +171,7 @@ def train_run(cfg, out: Path, warmup: int) -> dict:
     figures["samples_per_s"] = cfg.train.batch_size * 1e3 / (figures["iteration_ms"] + figures["data_loading_ms"])
     if summary is not None:
         breakdown = json.loads((out / "breakdown.json").read_text())
-        figures.update(auc=summary["auc"], bytes_per_step=breakdown["bytes_per_step"])
+        figures.update(auc=summary["auc"], bytes_per_step=breakdown["bytes_per_step"], replica_average=summary.get("replica_average", "all"))
     figures["link_bytes_per_step"] = link_bytes
     return figures
 
@@ -249,7 +249,8 @@ def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
         }
         entry = {"measured": measured}
         if cluster is not None:
-            p = predict(work, cluster, "flat") if c["groups"] == 1 else predict_two_d(work, cluster, c["groups"], c["sync"], c["every"])
+            average = rounds[0]["replica_average"]  # how the run's periodic sync averaged rows (auto: by its optimizer)
+            p = predict(work, cluster, "flat") if c["groups"] == 1 else predict_two_d(work, cluster, c["groups"], c["sync"], c["every"], average=average)
             predicted = {"total_ms": p.total_ms, "compute_ms": p.compute_ms, **{k: getattr(p, k).as_dict() for k in COMPONENTS}}
             predicted["cross_host_bytes"] = sum(predicted[k]["cross_host_bytes"] for k in COMPONENTS)
             entry["predicted"] = predicted

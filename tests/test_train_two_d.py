@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
 from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.parallel.two_d import replica_layout
+from distrec.parallel.two_d import average_over_touching, replica_average, replica_layout
 from distrec.towers.partition import TowerPartition
 from distrec.train.loop import train
 from multiprocess import run_distributed
@@ -67,6 +68,39 @@ def test_plan_for_the_wrong_group_size_is_refused(cache, tmp_path):
     cfg = _cfg(cache, replica_groups=2, plan=str(tmp_path / "plan4.json"))
     with pytest.raises(DistrecError, match="is for 4 ranks but 2 are running"):
         select_mode(cfg, 4).check(cfg, 4, tables)
+
+
+def _average_over_touching_on_rank(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Rank r's weights are r + 1 and its row state 10 (r + 1), except row 3 (untouched anywhere)."""
+    weights = torch.full((4, 2), rank + 1.0)
+    weights[3] = 10.0 + rank
+    state = torch.full((4,), 10.0 * (rank + 1))
+    touched = torch.tensor([rank == 0, True, rank == 1, False])
+    sent = average_over_touching([weights, state], touched, None)
+    return weights, state, sent
+
+
+def test_touched_average_takes_each_row_from_the_groups_that_updated_it():
+    for rank, (weights, state, sent) in enumerate(run_distributed(_average_over_touching_on_rank, 2)):
+        # row 0: rank 0's alone, row 1: the mean of both, row 2: rank 1's alone, row 3: as it was
+        assert weights[:, 0].tolist() == [1.0, 1.5, 2.0, 10.0 + rank] and torch.equal(weights[:, 0], weights[:, 1])
+        assert state.tolist() == [10.0, 15.0, 20.0, 10.0 * (rank + 1)]
+        assert sent == 4 * (2 + 1) * 4 + 4 * 4  # the weights with their touch counts, then the state
+
+
+@pytest.mark.parametrize(
+    "optimizer, chosen, resolved",
+    [("sgd", "auto", "all"), ("adagrad", "auto", "touched"), ("adam", "auto", "touched"), ("adam", "all", "all"), ("sgd", "touched", "touched")],
+)
+def test_replica_average_follows_the_embedding_optimizer(cache, optimizer, chosen, resolved):
+    cfg = _cfg(cache, replica_groups=2, replica_sync="periodic", replica_average=chosen)
+    cfg.train.embedding_optimizer = optimizer
+    assert replica_average(cfg) == resolved
+
+
+def test_replica_average_needs_periodic_sync(cache):
+    with pytest.raises(DistrecError, match="add --replica-sync periodic"):
+        select_mode(_cfg(cache, replica_groups=2, replica_sync="exact", replica_average="touched"), 4)
 
 
 def _mixed_plan(cache: Path, path: Path) -> Path:

@@ -197,7 +197,9 @@ class ParallelConfig:
     N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
     ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
     rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
-    row-wise optimizer state) every ``sync_every`` steps.
+    row-wise optimizer state) every ``sync_every`` steps, each row over ``replica_average``:
+    ``all`` groups, the groups that ``touched`` it since the last sync, or ``auto`` (touched
+    for Adagrad and Adam, all for SGD).
     ``timeout_seconds``: how long a collective waits for a silent rank before failing.
     """
 
@@ -214,6 +216,7 @@ class ParallelConfig:
     replica_groups: int = 1
     replica_sync: str = "exact"
     sync_every: int = 10
+    replica_average: str = "auto"
     timeout_seconds: float = 600.0
 
     @property
@@ -293,6 +296,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.tower_sharding": ("table_wise", "column_wise", "row_wise"),
     "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
     "parallel.replica_sync": ("exact", "periodic"),
+    "parallel.replica_average": ("auto", "all", "touched"),
     "hotline.slow_tier": ("auto", "disk", "host"),
 }
 
@@ -327,6 +331,10 @@ COMBINATION_RULES: list[Rule] = [
     Rule(
         lambda c, w: c.parallel.replica_groups > 1 and (c.parallel.embeddings != "sharded" or c.hotline.enabled),
         "--replica-groups (2D sparse parallelism) needs sharded embeddings, without --hotline; drop --embeddings local and --hotline",
+    ),
+    Rule(
+        lambda c, w: c.parallel.replica_average != "auto" and c.parallel.replica_sync != "periodic",
+        "--replica-average chooses how a periodic sync averages rows; add --replica-sync periodic or drop it",
     ),
     Rule(
         lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,

@@ -85,6 +85,7 @@ CONFIG_FIELDS = {
     "replica_groups": "parallel.replica_groups",
     "replica_sync": "parallel.replica_sync",
     "sync_every": "parallel.sync_every",
+    "replica_average": "parallel.replica_average",
     "timeout_seconds": "parallel.timeout_seconds",
     "tower_module": "model.tower_module",
     "compression": "model.tower_compression",

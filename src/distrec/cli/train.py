@@ -111,6 +111,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps",
     )
     two_d.add_argument("--sync-every", type=int, metavar="K", help="with --replica-sync periodic: steps between replica averages (default 10)")
+    two_d.add_argument(
+        "--replica-average",
+        choices=["auto", "all", "touched"],
+        help="with --replica-sync periodic: average each row over all groups or over those that touched it since the last sync (default auto: touched for Adagrad and Adam, all for SGD)",
+    )
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
     dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")

@@ -19,6 +19,13 @@ Keeping the replicas consistent (``parallel.replica_sync``):
 - ``periodic``: each group updates its replica alone, and every ``parallel.sync_every``
   steps each replica set averages its weights and row-wise optimizer state (as
   ``DMPCollection`` does); with ``sync_every`` 1 it equals ``exact`` for SGD.
+  ``parallel.replica_average`` says over which groups a row is averaged: ``all`` of them
+  (``DMPCollection``'s), or the ``touched`` ones, those that updated the row since the last
+  sync. Adagrad's and Adam's steps hardly depend on the gradient's scale, so a row one group
+  of G touched moves by about one step in that group and by 1/G step in an average over all
+  groups, while the ``exact`` run moves it by about one step; averaging over the groups that
+  touched it keeps that step (``auto``: ``touched`` for those optimizers, ``all`` for SGD,
+  whose ``all`` average equals ``exact`` at ``sync_every`` 1).
 
 Checkpoints hold one copy of every table: group 0's blocks (a periodic run averages the
 replicas first, so resume exactly from checkpoints at multiples of ``sync_every``); they
@@ -47,7 +54,12 @@ from distrec.parallel.sharded import Sharded
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.parallel.sparse_grads import average_sparse_grads
 from distrec.parallel.sptt_mode import Sptt, SpttTowers
+from distrec.sim.components import ReplicaAverage
 from distrec.tables import TableConfig
+from distrec.train.optim import gradient_rows
+
+SCALE_FREE_OPTIMIZERS = ("adagrad", "adam")
+"""Embedding optimizers whose row step is about the same for a gradient and its multiples."""
 
 
 def replica_layout(world_size: int, groups: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -56,6 +68,37 @@ def replica_layout(world_size: int, groups: int) -> tuple[list[list[int]], list[
     shard_groups = [list(range(g * size, (g + 1) * size)) for g in range(groups)]
     replica_sets = [[g * size + s for g in range(groups)] for s in range(size)]
     return shard_groups, replica_sets
+
+
+def replica_average(cfg: RunConfig) -> ReplicaAverage:
+    """Over which groups a ``periodic`` sync averages a row: ``parallel.replica_average``, with
+    ``auto`` resolved by the embedding optimizer (see the module doc)."""
+    chosen = cfg.parallel.replica_average
+    if chosen != "auto":
+        return "touched" if chosen == "touched" else "all"
+    return "touched" if (cfg.train.embedding_optimizer or cfg.train.optimizer) in SCALE_FREE_OPTIMIZERS else "all"
+
+
+@torch.no_grad()
+def average_over_touching(tensors: list[torch.Tensor], touched: torch.Tensor, group: dist.ProcessGroup | None) -> int:
+    """Replace the rows of ``tensors`` (each [rows] or [rows, width], same rows) by their mean
+    over the ranks of ``group`` whose ``touched`` (bool [rows]) marks them; rows no rank
+    touched stay as they are (a collective). The first tensor carries the touch counts as
+    an extra column. Returns the bytes this rank sent."""
+    n = len(touched)
+    weight = touched.to(tensors[0].dtype).unsqueeze(1)
+    summed = [t.view(n, -1) * weight for t in tensors]
+    summed[0] = torch.cat([summed[0], weight], dim=1)
+    for s in summed:
+        dist.all_reduce(s, group=group)
+    sent = sum(s.numel() * s.element_size() for s in summed)
+    counts = summed[0][:, -1]
+    summed[0] = summed[0][:, :-1]
+    rows = counts > 0
+    share = counts[rows].reciprocal().unsqueeze(1)
+    for t, s in zip(tensors, summed):
+        t.view(n, -1)[rows] = s[rows] * share
+    return sent
 
 
 class PeriodicReplicaSync:
@@ -91,6 +134,8 @@ class ReplicaGroups(BlockMode):
         self.group_index = ctx.rank // self.group_size
         self.replica_set: dist.ProcessGroup | None = None
         self.sync_bytes = 0  # sent by this rank's replica syncs so far
+        self.average = replica_average(ctx.cfg)
+        self.touched: dict[nn.Parameter, torch.Tensor] = {}  # bool [rows]: updated here since the last periodic sync
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
@@ -114,15 +159,32 @@ class ReplicaGroups(BlockMode):
         in_group = super().gradient_sync(model)
         exact = self.ctx.cfg.parallel.replica_sync == "exact"
         towers = model.tower_parameters()
-        if not exact and not towers:
+        marks = not exact and self.average == "touched"
+        if not exact and not towers and not marks:
             return in_group
 
         def sync() -> None:
             if in_group is not None:
                 in_group()
-            self._charged(lambda: self.average_grads(towers, exact))
+            if marks:
+                self.mark_touched()
+            if exact or towers:
+                self._charged(lambda: self.average_grads(towers, exact))
 
         return sync
+
+    @torch.no_grad()
+    def mark_touched(self) -> None:
+        """Mark the rows this step's gradients touch (all rows of a dense gradient) for the next periodic sync."""
+        for p in self._replicated():
+            if p.grad is None:
+                continue
+            if p not in self.touched:
+                self.touched[p] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
+            if p.grad.is_sparse:
+                self.touched[p][gradient_rows(p.grad)[0]] = True
+            else:
+                self.touched[p].fill_(True)
 
     def average_grads(self, towers: list[nn.Parameter], rows: bool) -> int:
         """Average every replica set's tower-module gradients and, when ``rows``, its sparse row
@@ -152,12 +214,19 @@ class ReplicaGroups(BlockMode):
 
     @torch.no_grad()
     def average_replicas(self) -> int:
-        """Average every replica set's table weights and row-wise optimizer state (a collective); the bytes this rank sent."""
+        """Average every replica set's table weights and row-wise optimizer state over all groups
+        or, with ``touched`` averaging, row by row over the groups that updated the row (a
+        collective); the bytes this rank sent."""
         sparse = self._optimizers()[0]
         sent = 0
         for p in self._replicated():
             state = sparse.state.get(p, {}) if sparse is not None else {}
-            for tensor in [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]:
+            tensors = [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]
+            if self.average == "touched":
+                touched = self.touched.pop(p, None)
+                sent += average_over_touching(tensors, touched if touched is not None else p.new_zeros(p.shape[0], dtype=torch.bool), self.replica_set)
+                continue
+            for tensor in tensors:
                 dist.all_reduce(tensor, group=self.replica_set)
                 tensor /= self.groups
                 sent += tensor.numel() * tensor.element_size()
@@ -191,6 +260,7 @@ class ReplicaGroups(BlockMode):
             "replica_groups": self.groups,
             "replica_sync": self.ctx.cfg.parallel.replica_sync,
             "replica_sync_bytes": self.sync_bytes,
+            **({"replica_average": self.average} if self.ctx.cfg.parallel.replica_sync == "periodic" else {}),
         }
 
 

@@ -49,6 +49,9 @@ from distrec.sim.workload import Workload
 Lookup = Literal["flat", "sptt"]
 ReplicaSync = Literal["exact", "periodic"]
 REPLICA_SYNCS: tuple[ReplicaSync, ...] = get_args(ReplicaSync)
+ReplicaAverage = Literal["all", "touched"]
+"""How a periodic sync averages a row: over all groups, or over those that touched it (the
+touch counts travel as one more column of the weights)."""
 Layout = Literal["contiguous", "strided"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
@@ -160,8 +163,10 @@ def touched_rows(workload: Workload, size: int) -> float:
     return sum(distinct_rows(size * w.local_batch * w.pooling, rows, w.zipf_exponent) for rows in w.rows_per_table()) / size
 
 
-def replica_sync(workload: Workload, cluster: Cluster, groups: Groups, sync: ReplicaSync = "periodic", sync_every: int = 1) -> Traffic:
-    """Keeping the G replicas consistent, per step (``periodic``: one sync per ``sync_every`` steps)."""
+def replica_sync(
+    workload: Workload, cluster: Cluster, groups: Groups, sync: ReplicaSync = "periodic", sync_every: int = 1, average: ReplicaAverage = "all"
+) -> Traffic:
+    """Keeping the G replicas consistent, per step (``periodic``: one sync per ``sync_every`` steps, averaging as ``average`` says)."""
     if sync not in REPLICA_SYNCS:
         raise DistrecError(f"unknown replica sync {sync!r}; choose one of: {', '.join(REPLICA_SYNCS)}")
     if sync_every < 1:
@@ -179,7 +184,7 @@ def replica_sync(workload: Workload, cluster: Cluster, groups: Groups, sync: Rep
             + all_gather(c, rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
         )
     rows_per_table = sum(w.rows_per_table()) / size / tables  # one all-reduce per table shard and tensor
-    weights = all_reduce(c, rows_per_table * w.embedding_dim * w.bytes_per_float, hosts, per_host)
+    weights = all_reduce(c, rows_per_table * (w.embedding_dim + (average == "touched")) * w.bytes_per_float, hosts, per_host)
     state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
     return (weights + state) * (tables / sync_every)
 

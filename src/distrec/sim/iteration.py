@@ -19,7 +19,18 @@ from typing import Literal, get_args
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
 from distrec.sim.collectives import Traffic
-from distrec.sim.components import Groups, Layout, Lookup, ReplicaSync, compute_ms, embedding_exchange, gradient_all_reduce, index_exchange, replica_sync
+from distrec.sim.components import (
+    Groups,
+    Layout,
+    Lookup,
+    ReplicaAverage,
+    ReplicaSync,
+    compute_ms,
+    embedding_exchange,
+    gradient_all_reduce,
+    index_exchange,
+    replica_sync,
+)
 from distrec.sim.workload import Workload
 
 Scheme = Literal["flat", "sptt", "dmt", "2d", "dmt-2d"]
@@ -104,8 +115,9 @@ def predict(
     sync: ReplicaSync = "periodic",
     sync_every: int = 1,
     layout: Layout = "contiguous",
+    average: ReplicaAverage = "all",
 ) -> Prediction:
-    """Predicted iteration of ``scheme`` (``groups``, ``sync``, ``sync_every`` and ``layout`` for
+    """Predicted iteration of ``scheme`` (``groups``, ``sync``, ``sync_every``, ``average`` and ``layout`` for
     2D schemes only; ``compression`` for DMT schemes only)."""
     if scheme not in SCHEMES:
         raise DistrecError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
@@ -122,7 +134,7 @@ def predict(
         compute_ms=compute_ms(workload, cluster, towers),
         index_exchange=index_exchange(workload, cluster, placed),
         embedding_exchange=embedding_exchange(workload, cluster, placed, lookup, compression if towers else 1.0),
-        replica_sync=replica_sync(workload, cluster, placed, sync, sync_every),
+        replica_sync=replica_sync(workload, cluster, placed, sync, sync_every, average),
         all_reduce=gradient_all_reduce(workload, cluster, placed, towers),
     )
 
@@ -145,10 +157,11 @@ def predict_two_d(
     sync_every: int = 1,
     compression: float | None = None,
     layout: Layout = "contiguous",
+    average: ReplicaAverage = "all",
 ) -> Prediction:
     """2D sparse parallelism with ``groups`` replica groups; with ``compression``, DMT x 2D."""
     scheme: Scheme = "2d" if compression is None else "dmt-2d"
-    return predict(workload, cluster, scheme, groups=groups, compression=compression or 1.0, sync=sync, sync_every=sync_every, layout=layout)
+    return predict(workload, cluster, scheme, groups=groups, compression=compression or 1.0, sync=sync, sync_every=sync_every, layout=layout, average=average)
 
 
 def predict_iteration(workload: Workload, cluster: Cluster, scheme: Scheme, compression: float = 1.0) -> IterationTime:
