@@ -14,7 +14,7 @@ from distrec.errors import DistrecError
 from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
-from distrec.parallel.two_d import average_over_touching, replica_average, replica_layout
+from distrec.parallel.two_d import TouchLog, merge_touched_rows, replica_average, replica_layout
 from distrec.towers.partition import TowerPartition
 from distrec.train.loop import train
 from multiprocess import run_distributed
@@ -70,22 +70,33 @@ def test_plan_for_the_wrong_group_size_is_refused(cache, tmp_path):
         select_mode(cfg, 4).check(cfg, 4, tables)
 
 
-def _average_over_touching_on_rank(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Rank r's weights are r + 1 and its row state 10 (r + 1), except row 3 (untouched anywhere)."""
-    weights = torch.full((4, 2), rank + 1.0)
-    weights[3] = 10.0 + rank
-    state = torch.full((4,), 10.0 * (rank + 1))
-    touched = torch.tensor([rank == 0, True, rank == 1, False])
-    sent = average_over_touching([weights, state], touched, None)
+def _merge_on_rank(rank: int, world_size: int, touches: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Replicas that agree (zeros) take ``len(touches[rank])`` steps: each adds r + 1 to the
+    weights of the rows it touches and sets their state to 10 (r + 1); then they merge."""
+    weights, state, log = torch.zeros(4, 2), torch.zeros(4), TouchLog()
+    for rows in touches[rank]:
+        log.steps += 1
+        log.record(weights, torch.tensor(rows))
+        weights[rows] += rank + 1.0
+        state[rows] = 10.0 * (rank + 1)
+    sent = merge_touched_rows(weights, [state], log.take(weights), log.steps, None)
     return weights, state, sent
 
 
-def test_touched_average_takes_each_row_from_the_groups_that_updated_it():
-    for rank, (weights, state, sent) in enumerate(run_distributed(_average_over_touching_on_rank, 2)):
-        # row 0: rank 0's alone, row 1: the mean of both, row 2: rank 1's alone, row 3: as it was
-        assert weights[:, 0].tolist() == [1.0, 1.5, 2.0, 10.0 + rank] and torch.equal(weights[:, 0], weights[:, 1])
-        assert state.tolist() == [10.0, 15.0, 20.0, 10.0 * (rank + 1)]
-        assert sent == 4 * (2 + 1) * 4 + 4 * 4  # the weights with their touch counts, then the state
+def test_merging_after_one_step_averages_each_row_over_the_groups_that_touched_it():
+    for weights, state, sent in run_distributed(_merge_on_rank, 2, [[[0, 1]], [[1, 2]]]):
+        # row 0: rank 0's alone, row 1: the mean of both, row 2: rank 1's alone, row 3: untouched
+        assert weights[:, 0].tolist() == pytest.approx([1.0, 1.5, 2.0, 0.0]) and torch.equal(weights[:, 0], weights[:, 1])
+        assert state.tolist() == [10.0, 15.0, 20.0, 0.0]
+        assert sent == 4 * (2 + 3) * 4 + 4 * 4  # changes with three columns of counts, then the state
+
+
+def test_merging_scales_the_changes_to_the_steps_one_run_would_take():
+    # 2 steps: rank 0 touches row 0 at both (+1 each), rank 1 row 0 once (+2) and row 1 once (+2)
+    for weights, _, _ in run_distributed(_merge_on_rank, 2, [[[0], [0]], [[0], [1]]]):
+        # row 0 was touched at every step: 2 steps' worth of the 3 steps' changes, (1 + 1 + 2) x 2/3;
+        # row 1 by one group at one of the steps: that group's change, whole
+        assert weights[:2, 0].tolist() == pytest.approx([8 / 3, 2.0], rel=1e-5)
 
 
 @pytest.mark.parametrize(

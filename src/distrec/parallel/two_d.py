@@ -79,26 +79,69 @@ def replica_average(cfg: RunConfig) -> ReplicaAverage:
     return "touched" if (cfg.train.embedding_optimizer or cfg.train.optimizer) in SCALE_FREE_OPTIMIZERS else "all"
 
 
+class TouchLog:
+    """What each table parameter of this rank went through since the last periodic sync:
+    how many steps touched each row (float [rows]) and, for every touched row, its weights
+    before the first of those steps (where all replicas agreed)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.counts: dict[nn.Parameter, torch.Tensor] = {}
+        self.origins: dict[nn.Parameter, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    @torch.no_grad()
+    def record(self, param: nn.Parameter, rows: torch.Tensor) -> None:
+        """Count a step touching the distinct ``rows`` (int64) of ``param``; call it before the update."""
+        counts = self.counts.setdefault(param, param.new_zeros(param.shape[0]))
+        fresh = rows[counts[rows] == 0]
+        if fresh.numel():
+            self.origins.setdefault(param, []).append((fresh, param.data[fresh].clone()))
+        counts[rows] += 1
+
+    def take(self, param: nn.Parameter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``param``'s touch counts [rows], touched rows [n] and their weights at the last sync
+        [n, D], forgetting them (a sync follows)."""
+        parts = self.origins.pop(param, [])
+        rows = torch.cat([r for r, _ in parts]) if parts else torch.empty(0, dtype=torch.int64, device=param.device)
+        origins = torch.cat([o for _, o in parts]) if parts else param.new_empty(0, param.shape[1])
+        return self.counts.pop(param, param.new_zeros(param.shape[0])), rows, origins
+
+
 @torch.no_grad()
-def average_over_touching(tensors: list[torch.Tensor], touched: torch.Tensor, group: dist.ProcessGroup | None) -> int:
-    """Replace the rows of ``tensors`` (each [rows] or [rows, width], same rows) by their mean
-    over the ranks of ``group`` whose ``touched`` (bool [rows]) marks them; rows no rank
-    touched stay as they are (a collective). The first tensor carries the touch counts as
-    an extra column. Returns the bytes this rank sent."""
-    n = len(touched)
-    weight = touched.to(tensors[0].dtype).unsqueeze(1)
-    summed = [t.view(n, -1) * weight for t in tensors]
-    summed[0] = torch.cat([summed[0], weight], dim=1)
-    for s in summed:
-        dist.all_reduce(s, group=group)
-    sent = sum(s.numel() * s.element_size() for s in summed)
-    counts = summed[0][:, -1]
-    summed[0] = summed[0][:, :-1]
-    rows = counts > 0
-    share = counts[rows].reciprocal().unsqueeze(1)
-    for t, s in zip(tensors, summed):
-        t.view(n, -1)[rows] = s[rows] * share
-    return sent
+def merge_touched_rows(
+    weights: torch.Tensor, states: list[torch.Tensor], touched: tuple[torch.Tensor, torch.Tensor, torch.Tensor], steps: int, group: dist.ProcessGroup | None
+) -> int:
+    """Merge the replicas of one table over ``group`` (a collective), row by row from the
+    groups that touched the row since the last sync, ``steps`` steps ago; the bytes this rank sent.
+
+    ``weights`` [rows, D] become their value at the last sync plus the sum of every group's
+    change, scaled to the number of steps a single run would have updated the row: that
+    number is estimated as if each group touched the row at random steps (``steps`` times
+    1 - prod(1 - n_g / steps) for a group touching it in n_g steps), divided by the sum of
+    the n_g. At ``steps`` 1 that is the mean change of the groups that touched the row; a
+    row one group touched at a few of many steps keeps all of that group's change. The
+    optimizer's row ``states`` ([rows] or [rows, W]) become their mean over the groups that
+    touched the row. ``touched`` is ``TouchLog.take``'s.
+    """
+    counts, rows, origins = touched
+    n, width = weights.shape
+    merged = weights.new_zeros(n, width + 3)  # change, touch count, log(1 - count / steps), touched here
+    merged[rows, :width] = weights[rows] - origins
+    weights[rows] = origins
+    merged[:, width] = counts
+    merged[:, width + 1] = torch.log1p(-counts / steps)  # -inf for a row touched at every step: the sum stays -inf
+    mask = (counts > 0).to(weights.dtype).unsqueeze(1)
+    merged[:, width + 2] = mask.squeeze(1)
+    summed_states = [s.view(n, -1) * mask.to(s.dtype) for s in states]
+    for t in (merged, *summed_states):
+        dist.all_reduce(t, group=group)
+    total, groups = merged[:, width], merged[:, width + 2]
+    hit = total > 0
+    reached = steps * (1 - merged[hit, width + 1].exp())
+    weights[hit] += merged[hit, :width] * (reached / total[hit]).unsqueeze(1)
+    for state, summed in zip(states, summed_states):
+        state.view(n, -1)[hit] = summed[hit] / groups[hit].unsqueeze(1).to(summed.dtype)
+    return sum(t.numel() * t.element_size() for t in (merged, *summed_states))
 
 
 class PeriodicReplicaSync:
@@ -135,7 +178,7 @@ class ReplicaGroups(BlockMode):
         self.replica_set: dist.ProcessGroup | None = None
         self.sync_bytes = 0  # sent by this rank's replica syncs so far
         self.average = replica_average(ctx.cfg)
-        self.touched: dict[nn.Parameter, torch.Tensor] = {}  # bool [rows]: updated here since the last periodic sync
+        self.touches = TouchLog()
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
@@ -173,18 +216,13 @@ class ReplicaGroups(BlockMode):
 
         return sync
 
-    @torch.no_grad()
     def mark_touched(self) -> None:
-        """Mark the rows this step's gradients touch (all rows of a dense gradient) for the next periodic sync."""
+        """Log the rows this step's gradients touch (all rows of a dense gradient) for the next periodic sync."""
+        self.touches.steps += 1
         for p in self._replicated():
-            if p.grad is None:
-                continue
-            if p not in self.touched:
-                self.touched[p] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
-            if p.grad.is_sparse:
-                self.touched[p][gradient_rows(p.grad)[0]] = True
-            else:
-                self.touched[p].fill_(True)
+            if p.grad is not None:
+                rows = gradient_rows(p.grad)[0].unique() if p.grad.is_sparse else torch.arange(p.shape[0], device=p.device)
+                self.touches.record(p, rows)
 
     def average_grads(self, towers: list[nn.Parameter], rows: bool) -> int:
         """Average every replica set's tower-module gradients and, when ``rows``, its sparse row
@@ -223,13 +261,13 @@ class ReplicaGroups(BlockMode):
             state = sparse.state.get(p, {}) if sparse is not None else {}
             tensors = [p.data, *(state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0)]
             if self.average == "touched":
-                touched = self.touched.pop(p, None)
-                sent += average_over_touching(tensors, touched if touched is not None else p.new_zeros(p.shape[0], dtype=torch.bool), self.replica_set)
+                sent += merge_touched_rows(p.data, tensors[1:], self.touches.take(p), max(self.touches.steps, 1), self.replica_set)
                 continue
             for tensor in tensors:
                 dist.all_reduce(tensor, group=self.replica_set)
                 tensor /= self.groups
                 sent += tensor.numel() * tensor.element_size()
+        self.touches.steps = 0
         return sent
 
     # --- checkpoints ---------------------------------------------------------------------

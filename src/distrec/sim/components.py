@@ -50,8 +50,8 @@ Lookup = Literal["flat", "sptt"]
 ReplicaSync = Literal["exact", "periodic"]
 REPLICA_SYNCS: tuple[ReplicaSync, ...] = get_args(ReplicaSync)
 ReplicaAverage = Literal["all", "touched"]
-"""How a periodic sync averages a row: over all groups, or over those that touched it (the
-touch counts travel as one more column of the weights)."""
+"""How a periodic sync merges a row: the mean over all groups, or from the groups that touched
+it (their changes and three columns of touch counts travel with the weights)."""
 Layout = Literal["contiguous", "strided"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
@@ -184,7 +184,7 @@ def replica_sync(
             + all_gather(c, rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
         )
     rows_per_table = sum(w.rows_per_table()) / size / tables  # one all-reduce per table shard and tensor
-    weights = all_reduce(c, rows_per_table * (w.embedding_dim + (average == "touched")) * w.bytes_per_float, hosts, per_host)
+    weights = all_reduce(c, rows_per_table * (w.embedding_dim + 3 * (average == "touched")) * w.bytes_per_float, hosts, per_host)
     state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
     return (weights + state) * (tables / sync_every)
 
