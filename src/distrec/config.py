@@ -197,9 +197,9 @@ class ParallelConfig:
     N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
     ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
     rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
-    row-wise optimizer state) every ``sync_every`` steps, each row over ``replica_average``:
-    ``all`` groups, the groups that ``touched`` it since the last sync, or ``auto`` (touched
-    for Adagrad and Adam, all for SGD).
+    row-wise optimizer state) every ``sync_every`` steps, each row as ``replica_average``
+    says: the mean over ``all`` groups, merged from the groups that ``touched`` it since the
+    last sync, or ``auto`` (touched for Adagrad and Adam, all for SGD).
     ``timeout_seconds``: how long a collective waits for a silent rank before failing.
     """
 

@@ -114,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     two_d.add_argument(
         "--replica-average",
         choices=["auto", "all", "touched"],
-        help="with --replica-sync periodic: average each row over all groups or over those that touched it since the last sync (default auto: touched for Adagrad and Adam, all for SGD)",
+        help="with --replica-sync periodic: a row's mean over all groups, or merged from the groups that touched it since the last sync (default auto: touched for Adagrad and Adam, all for SGD)",
     )
     dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
     dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")

@@ -19,13 +19,14 @@ Keeping the replicas consistent (``parallel.replica_sync``):
 - ``periodic``: each group updates its replica alone, and every ``parallel.sync_every``
   steps each replica set averages its weights and row-wise optimizer state (as
   ``DMPCollection`` does); with ``sync_every`` 1 it equals ``exact`` for SGD.
-  ``parallel.replica_average`` says over which groups a row is averaged: ``all`` of them
-  (``DMPCollection``'s), or the ``touched`` ones, those that updated the row since the last
-  sync. Adagrad's and Adam's steps hardly depend on the gradient's scale, so a row one group
-  of G touched moves by about one step in that group and by 1/G step in an average over all
-  groups, while the ``exact`` run moves it by about one step; averaging over the groups that
-  touched it keeps that step (``auto``: ``touched`` for those optimizers, ``all`` for SGD,
-  whose ``all`` average equals ``exact`` at ``sync_every`` 1).
+  ``parallel.replica_average`` says how a row is merged: the mean over ``all`` groups
+  (``DMPCollection``'s), or from the groups that ``touched`` it since the last sync
+  (``merge_touched_rows``). Adagrad's and Adam's steps hardly depend on the gradient's
+  scale, so a row one group of G touched moves by about one step there and by 1/G step in
+  the mean over all groups, where one run would move it by about one step; ``touched``
+  sums the groups' changes and scales them to the number of steps one run would have
+  updated the row (``auto``: ``touched`` for those optimizers, ``all`` for SGD, whose mean
+  equals ``exact`` at ``sync_every`` 1).
 
 Checkpoints hold one copy of every table: group 0's blocks (a periodic run averages the
 replicas first, so resume exactly from checkpoints at multiples of ``sync_every``); they
