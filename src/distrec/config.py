@@ -315,7 +315,8 @@ class Rule:
     message: str
 
 
-def _embedding_optimizer(cfg: RunConfig) -> str:
+def embedding_optimizer(cfg: RunConfig) -> str:
+    """The optimizer of the embedding rows: ``train.embedding_optimizer``, else ``train.optimizer``."""
     return cfg.train.embedding_optimizer or cfg.train.optimizer
 
 
@@ -353,7 +354,7 @@ COMBINATION_RULES: list[Rule] = [
         "distributed Hotline needs sharded embeddings and the flat all-to-all; drop --lookup sptt and --embeddings local",
     ),
     Rule(
-        lambda c, w: c.hotline.enabled and w is not None and w > 1 and _embedding_optimizer(c) not in ROW_STATE_OPTIMIZERS,
+        lambda c, w: c.hotline.enabled and w is not None and w > 1 and embedding_optimizer(c) not in ROW_STATE_OPTIMIZERS,
         f"distributed Hotline trains embeddings with {' or '.join(ROW_STATE_OPTIMIZERS)}; set train.embedding_optimizer to one of them",
     ),
 ]

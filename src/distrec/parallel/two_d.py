@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from distrec.config import RunConfig
+from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
 from distrec.parallel.block_mode import BlockMode
@@ -75,9 +75,9 @@ def replica_average(cfg: RunConfig) -> ReplicaAverage:
     """Over which groups a ``periodic`` sync averages a row: ``parallel.replica_average``, with
     ``auto`` resolved by the embedding optimizer (see the module doc)."""
     chosen = cfg.parallel.replica_average
-    if chosen != "auto":
-        return "touched" if chosen == "touched" else "all"
-    return "touched" if (cfg.train.embedding_optimizer or cfg.train.optimizer) in SCALE_FREE_OPTIMIZERS else "all"
+    if chosen == "auto":
+        return "touched" if embedding_optimizer(cfg) in SCALE_FREE_OPTIMIZERS else "all"
+    return "touched" if chosen == "touched" else "all"
 
 
 class TouchLog:
@@ -131,9 +131,8 @@ def merge_touched_rows(
     weights[rows] = origins
     merged[:, width] = counts
     merged[:, width + 1] = torch.log1p(-counts / steps)  # -inf for a row touched at every step: the sum stays -inf
-    mask = (counts > 0).to(weights.dtype).unsqueeze(1)
-    merged[:, width + 2] = mask.squeeze(1)
-    summed_states = [s.view(n, -1) * mask.to(s.dtype) for s in states]
+    merged[:, width + 2] = counts > 0
+    summed_states = [s.view(n, -1) * merged[:, width + 2 :].to(s.dtype) for s in states]
     for t in (merged, *summed_states):
         dist.all_reduce(t, group=group)
     total, groups = merged[:, width], merged[:, width + 2]
