@@ -33,7 +33,10 @@ from typing import Any
 
 import harness
 
-CALIBRATION_BYTES = (64 << 10, 512 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls
+CALIBRATION_BYTES = (4 << 10, 32 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls (2 to fit the latency, 2 the bandwidth)
+CALIBRATION_REPEATS = 12  # timings per size (the first 2 left out)
+BURST_MS = 4.0  # each rank's compute before a timed collective (CPU ms)
+ALL_REDUCE = "all_reduce"  # measure_links's key of the all-reduce timings
 SUBNET = "10.231.{net}.{host}"
 
 
@@ -198,28 +201,51 @@ def train_measured(cfg, out: Path, warmup: int, parts: dict[str, Sequence[str]])
 
 
 def measure_links(topology, groups) -> dict:
-    """Median ms of all-to-alls of several sizes inside hosts and among peers (all groups at once)."""
+    """Median ms of all-to-alls of several sizes inside hosts and among peers (all groups at
+    once), and of all-reduces over every rank (``ALL_REDUCE`` key, a check of the simulator's
+    ring, not fitted).
+
+    Timed as training meets them: each rank computes for ``BURST_MS`` of its CPU time before
+    every collective, with no barrier, so that a timing holds the wait for the last rank to
+    arrive and the scheduling of ranks that share cores, as a training step's do."""
     import torch
     import torch.distributed as dist
 
     from distrec.parallel.comm import all_to_all
 
-    out = {}
+    def timed(collective: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(CALIBRATION_REPEATS):
+            compute_burst(BURST_MS)
+            t0 = time.perf_counter()
+            collective()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return max_over_ranks(median(times[2:]))
+
+    out: dict[str, list[dict]] = {}
     for name, group, members in (("intra_host", groups.intra_host, topology.ranks_per_host),
                                  ("cross_host", groups.cross_host, topology.hosts)):  # fmt: skip
         samples = []
         for size in CALIBRATION_BYTES if members > 1 else ():
             rows = size // 4
             send = torch.randn(members * rows)
-            times = []
-            for _ in range(6):
-                dist.barrier()
-                t0 = time.perf_counter()
-                all_to_all(send, [rows] * members, [rows] * members, group)
-                times.append((time.perf_counter() - t0) * 1e3)
-            samples.append({"bytes": (members - 1) * size, "messages": members - 1, "ms": max_over_ranks(median(times[1:]))})
+            ms = timed(lambda: all_to_all(send, [rows] * members, [rows] * members, group))
+            samples.append({"bytes": (members - 1) * size, "messages": members - 1, "ms": ms})
         out[name] = samples
+    world = dist.get_world_size()
+    reduced = [torch.randn(size // 4) for size in CALIBRATION_BYTES[1:]]
+    out[ALL_REDUCE] = [{"bytes": x.numel() * 4, "ranks": world, "ms": timed(lambda: dist.all_reduce(x))} for x in reduced]
     return out
+
+
+def compute_burst(ms: float) -> None:
+    """Matrix products until this thread has used ``ms`` of CPU time."""
+    import torch
+
+    a = torch.randn(128, 128)
+    start = time.thread_time()
+    while (time.thread_time() - start) * 1e3 < ms:
+        a @ a
 
 
 def matmul_flops_per_s() -> float:
@@ -284,7 +310,7 @@ def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduc
     from distrec.sim.calibrate import fit_link
     from distrec.sim.cluster import Cluster, LinkParams
 
-    samples = {k: v for k, v in calibration.items() if isinstance(v, list) and len(v) >= 2}  # the links' timings
+    samples = {k: v for k, v in calibration.items() if k != ALL_REDUCE and isinstance(v, list) and len(v) >= 2}  # the links' timings
     if "intra_host" not in samples:
         return None, None
     try:
@@ -300,5 +326,6 @@ def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduc
         scale_up=links["intra_host"],
         scale_out=cross,
         all_reduce_algorithm=all_reduce_algorithm,
+        shared_nic=True,  # one veth link per host namespace
     )
     return cluster, {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()}

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from emulated_cluster import finish_rank, fitted_cluster, max_over_ranks, run_ranks, start_rank, started_as_rank, train_measured
+from emulated_cluster import ALL_REDUCE, finish_rank, fitted_cluster, max_over_ranks, run_ranks, start_rank, started_as_rank, train_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -222,6 +222,7 @@ def measured_as_simulated(bytes_per_step: dict, ranks: int, group_size: int) -> 
 
 def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
     """Per configuration: measured figures (medians over rounds), the simulator's, and their ratios."""
+    from distrec.sim.collectives import all_reduce
     from distrec.sim.components import compute_ms
     from distrec.sim.iteration import predict, predict_two_d
 
@@ -260,7 +261,18 @@ def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
                 "cross_host_bytes": predicted["cross_host_bytes"] / measured["link_bytes"] if measured["link_bytes"] else None,
             }
         table[name] = entry
-    return {"configurations": table, "links": links, "calibration": raw["calibration"], "workload": work.__dict__ if cluster else None}
+    # the simulator's ring against all-reduces timed on the cluster (sizes the links were not fitted to)
+    ring_check = [
+        {"bytes": s["bytes"], "measured_ms": s["ms"], "predicted_ms": all_reduce(cluster, s["bytes"], args.hosts, args.ranks_per_host).ms}
+        for s in raw["calibration"].get(ALL_REDUCE, []) if cluster is not None
+    ]  # fmt: skip
+    return {
+        "configurations": table,
+        "links": links,
+        "all_reduce_check": ring_check,
+        "calibration": raw["calibration"],
+        "workload": work.__dict__ if cluster else None,
+    }
 
 
 # ----------------------------------------------------------------------------- (b) AUC on the real samples

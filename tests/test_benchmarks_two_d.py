@@ -36,4 +36,8 @@ def test_two_d_runs_without_namespaces(tmp_path):
     assert table["exact"]["predicted"]["replica_sync"]["bytes"] == pytest.approx(exact["bytes"]["replica_sync"], rel=0.1)
     # 6 steps, a sync every 3: the weights and row-wise state averaged twice, as predicted per step
     assert table["periodic_k3"]["predicted"]["replica_sync"]["bytes"] == pytest.approx(periodic["bytes"]["replica_sync"], rel=1e-9)
+    # the ring check: all-reduces of the calibration's sizes over the 4 ranks, timed and predicted
+    check = summary["cluster"]["all_reduce_check"]
+    assert [c["bytes"] for c in check] == [32 << 10, 2 << 20, 4 << 20]
+    assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in check)
     assert json.loads((tmp_path / "two_d.json").read_text()) == summary

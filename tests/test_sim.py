@@ -56,6 +56,18 @@ def test_collective_formulas():
         all_to_all(c, 3, 1000)
 
 
+def test_a_shared_nic_speeds_a_ring_by_its_ranks_per_host_and_nothing_else():
+    own, shared = cluster(hosts=2, gpus_per_host=4), cluster(hosts=2, gpus_per_host=4).replace(shared_nic=True)
+    # one ring through all 8 ranks: one flow leaves each host, so it has the host's 4 shares
+    assert ring_all_reduce(shared, 8e6, 2, 4).ms == pytest.approx(1e3 * 14 * (LINK.latency_s + 1e6 / (4 * 5e8)))
+    assert all_gather(shared, 1e6, 2, 4).ms == pytest.approx(1e3 * 7 * (LINK.latency_s + 1e6 / (4 * 5e8)))
+    # 4 rings of one rank per host side by side split the NIC: one share each, as with own NICs
+    assert ring_all_reduce(shared, 8e6, 2, 1) == ring_all_reduce(own, 8e6, 2, 1)
+    # all-to-alls and the byte counts are the same either way
+    assert all_to_all(shared, 8, 1000) == all_to_all(own, 8, 1000)
+    assert ring_all_reduce(shared, 8e6, 2, 4).bytes == ring_all_reduce(own, 8e6, 2, 4).bytes
+
+
 def test_one_host_does_not_use_the_cross_host_link():
     slow, fast = cluster(hosts=1, out=LinkParams(1.0, 1.0)), cluster(hosts=1)
     for scheme in SCHEMES:

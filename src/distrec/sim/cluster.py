@@ -86,8 +86,10 @@ class LinkParams:
 @dataclass(frozen=True)
 class Cluster:
     """``hosts`` hosts of ``gpus_per_host`` GPUs, linked inside hosts by ``scale_up`` and
-    across hosts by ``scale_out`` (each GPU has its own share of both); its collective
-    library all-reduces with ``all_reduce_algorithm``."""
+    across hosts by ``scale_out`` (each GPU's share of both); its collective library
+    all-reduces with ``all_reduce_algorithm``. With ``shared_nic`` a host's GPUs share one NIC
+    of ``gpus_per_host`` shares (an emulated cluster's one link per host) instead of one NIC
+    each: a flow then gets the shares of the host's GPUs that are not sending across hosts."""
 
     hosts: int
     gpus_per_host: int
@@ -96,6 +98,7 @@ class Cluster:
     scale_up: LinkParams
     scale_out: LinkParams
     all_reduce_algorithm: AllReduceAlgorithm = "auto"
+    shared_nic: bool = False
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus_per_host < 1:

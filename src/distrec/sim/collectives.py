@@ -18,12 +18,17 @@ bytes over effective bandwidth):
 - auto: the faster of hierarchical and tree, as NCCL's tuner picks by predicted time;
 - ring all-gather of X bytes per member: ``n - 1`` steps of X bytes.
 
+A ring's cross-host step runs at one GPU's share of the scale-out link, or with a shared NIC
+(``Cluster.shared_nic``) at ``per_host`` shares: the ``gpus_per_host / per_host`` rings side
+by side each send one flow out of the host, so they split its NIC among them.
+
 Bytes are those a rank sends to other ranks (its share for itself stays local), averaged
 over the members; ``cross_host_bytes`` is the part that leaves the host.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 
@@ -86,12 +91,21 @@ def all_to_all(cluster: Cluster, members: int, bytes_per_peer: float, per_host: 
     return Traffic(intra.bytes + cross.bytes, intra.messages + cross.messages, cross.cross_host_bytes, max(intra.ms, cross.ms))
 
 
+def ring_link(cluster: Cluster, hosts: int, per_host: int) -> LinkParams:
+    """The link one step of a ring through ``hosts x per_host`` ranks runs at (see the module's docstring)."""
+    if hosts <= 1:
+        return cluster.scale_up
+    if cluster.shared_nic:
+        return dataclasses.replace(cluster.scale_out, bandwidth=cluster.scale_out.bandwidth * per_host)
+    return cluster.scale_out
+
+
 def ring_all_reduce(cluster: Cluster, num_bytes: float, hosts: int, per_host: int) -> Traffic:
     """Ring all-reduce of ``num_bytes`` over ``hosts x per_host`` ranks, one ring through all."""
     members = hosts * per_host
     if members <= 1 or num_bytes <= 0:
         return Traffic()
-    link = cluster.scale_out if hosts > 1 else cluster.scale_up
+    link = ring_link(cluster, hosts, per_host)
     steps, chunk = 2 * (members - 1), num_bytes / members
     sent = steps * chunk
     return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(chunk))
@@ -127,7 +141,7 @@ def all_gather(cluster: Cluster, bytes_per_member: float, hosts: int, per_host: 
     members = hosts * per_host
     if members <= 1:
         return Traffic()
-    link = cluster.scale_out if hosts > 1 else cluster.scale_up
+    link = ring_link(cluster, hosts, per_host)
     steps = members - 1
     sent = steps * bytes_per_member
     return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(bytes_per_member))
