@@ -10,9 +10,9 @@ removed (also on failure or Ctrl-C).
 - ``run_ranks``: one worker process per rank, inside its host's namespace (or plain
   processes on the loopback with ``no_netns``), with torchrun's environment variables;
 - in the ranks: ``start_rank`` (join, then ``measure_links``: all-to-all timings inside and
-  across hosts, and ``matmul_flops_per_s``), ``train_measured`` (a training run's step times
+  across hosts, after a barrier and after compute, and ``matmul_flops_per_s``), ``train_measured`` (a training run's step times
   and the bytes over the hosts' links, ``LinkCounter``);
-- ``fitted_cluster``: the simulator's ``Cluster`` with links fitted to those timings;
+- ``fitted_cluster``: the simulator's ``Cluster`` with links and the collectives' wait fitted to those timings;
 - ``started_as_rank``: a benchmark's ``main`` runs its worker when launched as a rank.
 """
 
@@ -34,8 +34,9 @@ from typing import Any
 import harness
 
 CALIBRATION_BYTES = (4 << 10, 32 << 10, 2 << 20, 4 << 20)  # per-peer sizes of the timed all-to-alls (2 to fit the latency, 2 the bandwidth)
-CALIBRATION_REPEATS = 12  # timings per size (the first 2 left out)
+CALIBRATION_REPEATS = 30  # timings per size (the first 2 left out): the small ones vary by 2x from one to the next
 BURST_MS = 4.0  # each rank's compute before a timed collective (CPU ms)
+WAIT_BYTES = 32 << 10  # per-peer sizes up to which a timing after compute gives the collective's wait
 ALL_REDUCE = "all_reduce"  # measure_links's key of the all-reduce timings
 SUBNET = "10.231.{net}.{host}"
 
@@ -205,22 +206,27 @@ def measure_links(topology, groups) -> dict:
     once), and of all-reduces over every rank (``ALL_REDUCE`` key, a check of the simulator's
     ring, not fitted).
 
-    Timed as training meets them: each rank computes for ``BURST_MS`` of its CPU time before
-    every collective, with no barrier, so that a timing holds the wait for the last rank to
-    arrive and the scheduling of ranks that share cores, as a training step's do."""
+    Each all-to-all is timed twice: after a barrier (``ms``: the links, every member ready)
+    and as training meets it (``ms_after_compute``): each rank computes for ``BURST_MS`` of
+    its CPU time, then calls the collective with no barrier, so that the timing also holds
+    the wait for the last member and the scheduling of ranks that share cores. The
+    all-reduces are timed the second way."""
     import torch
     import torch.distributed as dist
 
     from distrec.parallel.comm import all_to_all
 
-    def timed(collective: Callable[[], Any]) -> float:
+    def timed(collective: Callable[[], Any], before: Callable[[], Any]) -> float:
         times = []
         for _ in range(CALIBRATION_REPEATS):
-            compute_burst(BURST_MS)
+            before()
             t0 = time.perf_counter()
             collective()
             times.append((time.perf_counter() - t0) * 1e3)
         return max_over_ranks(median(times[2:]))
+
+    def burst() -> None:
+        compute_burst(BURST_MS)
 
     out: dict[str, list[dict]] = {}
     for name, group, members in (("intra_host", groups.intra_host, topology.ranks_per_host),
@@ -229,12 +235,17 @@ def measure_links(topology, groups) -> dict:
         for size in CALIBRATION_BYTES if members > 1 else ():
             rows = size // 4
             send = torch.randn(members * rows)
-            ms = timed(lambda: all_to_all(send, [rows] * members, [rows] * members, group))
-            samples.append({"bytes": (members - 1) * size, "messages": members - 1, "ms": ms})
+
+            def exchange() -> None:
+                all_to_all(send, [rows] * members, [rows] * members, group)
+
+            samples.append(
+                {"bytes": (members - 1) * size, "messages": members - 1, "ms": timed(exchange, dist.barrier), "ms_after_compute": timed(exchange, burst)}
+            )
         out[name] = samples
     world = dist.get_world_size()
     reduced = [torch.randn(size // 4) for size in CALIBRATION_BYTES[1:]]
-    out[ALL_REDUCE] = [{"bytes": x.numel() * 4, "ranks": world, "ms": timed(lambda: dist.all_reduce(x))} for x in reduced]
+    out[ALL_REDUCE] = [{"bytes": x.numel() * 4, "ranks": world, "ms": timed(lambda: dist.all_reduce(x), burst)} for x in reduced]
     return out
 
 
@@ -304,8 +315,10 @@ class LinkCounter:
 
 
 def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduce_algorithm: str = "auto"):
-    """(``distrec.sim.cluster.Cluster`` with links fitted to ``measure_links``'s timings and the
-    measured FLOP/s at efficiency 1, the fitted links as a dict) or (None, an error or None)."""
+    """(``distrec.sim.cluster.Cluster`` with links fitted to ``measure_links``'s timings after a
+    barrier, as collective wait the median extra time of its small all-to-alls after compute,
+    and the measured FLOP/s at efficiency 1; the fitted links and wait as a dict) or (None,
+    an error or None)."""
     from distrec.errors import DistrecError
     from distrec.sim.calibrate import fit_link
     from distrec.sim.cluster import Cluster, LinkParams
@@ -317,6 +330,9 @@ def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduc
         links = {k: fit_link([s["bytes"] for s in v], [s["ms"] for s in v], [s["messages"] for s in v]) for k, v in samples.items()}
     except DistrecError as e:  # timings too noisy to fit (a busy machine)
         return None, str(e)
+    # what a collective of small messages takes longer when the ranks come from computing
+    waits = [s["ms_after_compute"] - s["ms"] for v in samples.values() for s in v if s["bytes"] <= WAIT_BYTES * s["messages"]]
+    wait_ms = max(0.0, median(waits))
     cross = links.get("cross_host", LinkParams(0.0, 1.0))  # unused with one host
     cluster = Cluster(
         hosts,
@@ -327,5 +343,6 @@ def fitted_cluster(calibration: dict, hosts: int, ranks_per_host: int, all_reduc
         scale_out=cross,
         all_reduce_algorithm=all_reduce_algorithm,
         shared_nic=True,  # one veth link per host namespace
+        collective_wait_s=wait_ms / 1e3,
     )
-    return cluster, {k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()}
+    return cluster, {"collective_wait_ms": wait_ms, **{k: {"latency_ms": v.latency_s * 1e3, "bandwidth_MBps": v.bandwidth / 1e6} for k, v in links.items()}}

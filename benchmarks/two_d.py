@@ -20,8 +20,8 @@ component (all-to-all, replica sync, dense all-reduce) the bytes and time from t
 breakdown, and the bytes that crossed the host links (veth counters over the training steps;
 the final evaluation's and checkpoint's traffic measured again and taken out; divided by the ranks). Next to each,
 what ``distrec.sim`` predicts (``predict`` / ``predict_two_d``) for the same model, batch and
-tables on the same links: links fitted to all-to-alls timed on the cluster, gloo's ring
-all-reduce, the synthetic data's Zipf exponent (the rows exact sync moves), and as compute one
+tables on the same links: links fitted to all-to-alls timed on the cluster and the wait of
+a collective for its last member (``emulated_cluster.measure_links``), gloo's ring all-reduce, the synthetic data's Zipf exponent (the rows exact sync moves), and as compute one
 process's training step of the same model at the local batch with every table local (dense
 layers, lookups, optimizers: ``local_step_ms``, timed on every rank before the runs, the
 slowest), so that the comparison tests the simulator's communication and its sum.
@@ -346,8 +346,9 @@ def print_table(cluster: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = dict(hosts=2, ranks_per_host=2, bandwidth="1gbit", latency_ms=0.2, global_batch=2048, features=16, dim=64, table_rows=20000,
-                    steps=100, warmup=5, eval_rows=1024, lr=0.003, embedding_lr=0.05, rounds=3, sync_every=[10, 50], seeds=[0, 1, 2],
+                    steps=105, warmup=5, eval_rows=1024, lr=0.003, embedding_lr=0.05, rounds=3, sync_every=[10, 50], seeds=[0, 1, 2],
                     samples=["criteo", "movielens"], auc_procs=4)  # fmt: skip
+    # 105 steps, 5 of warm-up: the 100 measured steps hold whole periods of K = 10 and 50
     harness.add_options(p, defaults, {
         "bandwidth": "tc rate of every host link (default 1gbit)",
         "latency_ms": "host-to-host delay (ms, default 0.2)",

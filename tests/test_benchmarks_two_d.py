@@ -40,4 +40,5 @@ def test_two_d_runs_without_namespaces(tmp_path):
     check = summary["cluster"]["all_reduce_check"]
     assert [c["bytes"] for c in check] == [32 << 10, 2 << 20, 4 << 20]
     assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in check)
+    assert summary["cluster"]["links"]["collective_wait_ms"] >= 0
     assert json.loads((tmp_path / "two_d.json").read_text()) == summary

@@ -68,6 +68,21 @@ def test_a_shared_nic_speeds_a_ring_by_its_ranks_per_host_and_nothing_else():
     assert ring_all_reduce(shared, 8e6, 2, 4).bytes == ring_all_reduce(own, 8e6, 2, 4).bytes
 
 
+def test_every_collective_waits_once_for_its_last_member():
+    c, waiting = cluster(hosts=2, gpus_per_host=4), cluster(hosts=2, gpus_per_host=4).replace(collective_wait_s=2e-3)
+    for collective, calls in (
+        (lambda c: all_to_all(c, 8, 1000), 1),
+        (lambda c: ring_all_reduce(c, 8e6, 2, 4), 1),
+        (lambda c: all_gather(c, 1000, 2, 4), 1),
+        (lambda c: all_reduce(c, 8e6, 2, 4, "tree"), 2),  # a ring inside the hosts, then the tree
+    ):
+        assert collective(waiting).ms == pytest.approx(collective(c).ms + 2.0 * calls)
+        assert collective(waiting).bytes == collective(c).bytes
+    assert all_to_all(waiting, 1, 1000) == Traffic()  # no collective with one member
+    with pytest.raises(DistrecError, match="collective wait"):
+        c.replace(collective_wait_s=-1.0)
+
+
 def test_one_host_does_not_use_the_cross_host_link():
     slow, fast = cluster(hosts=1, out=LinkParams(1.0, 1.0)), cluster(hosts=1)
     for scheme in SCHEMES:

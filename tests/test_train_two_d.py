@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
+from distrec.models.embedding import row_update_in_backward, update_rows_in_backward
 from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import TouchLog, merge_touched_rows, replica_average, replica_layout
 from distrec.towers.partition import TowerPartition
-from distrec.train.loop import train
+from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
 from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
@@ -97,6 +99,55 @@ def test_merging_scales_the_changes_to_the_steps_one_run_would_take():
         # row 0 was touched at every step: 2 steps' worth of the 3 steps' changes, (1 + 1 + 2) x 2/3;
         # row 1 by one group at one of the steps: that group's change, whole
         assert weights[:2, 0].tolist() == pytest.approx([8 / 3, 2.0], rel=1e-5)
+
+
+def test_touch_log_records_rows_stepped_in_backward_before_their_update():
+    weight, other = nn.Parameter(torch.arange(8.0).view(4, 2)), nn.Parameter(torch.zeros(3, 2))
+    start = weight.detach().clone()
+
+    def step(rows, bounds, picks, grad):
+        weight.data[rows] -= 1
+
+    update_rows_in_backward(weight, step)
+    log = TouchLog()
+    unwatched = log.watch_updates([weight, other])
+    assert len(unwatched) == 1 and unwatched[0] is other  # no update in backward: its gradients are logged
+    update = row_update_in_backward(weight)
+    for rows in ([1, 3], [3]):
+        update(torch.tensor(rows), torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, 2))
+    counts, rows, origins = log.take(weight)
+    assert counts.tolist() == [0, 1, 0, 2]
+    assert rows.tolist() == [1, 3] and torch.equal(origins, start[[1, 3]])  # as before the first update
+    assert torch.equal(weight.data[[1, 3]], start[[1, 3]] - torch.tensor([[1.0], [2.0]]))  # and the updates ran
+
+
+def _train_reporting_updates_in_backward(rank: int, world_size: int, cfg, out: Path) -> bool:
+    """Train; whether every table parameter of this rank was stepped in backward."""
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        stepped = all(row_update_in_backward(p) is not None for p in trainer.model.sparse_parameters())
+        trainer.fit()
+    finally:
+        trainer.close()
+    return stepped
+
+
+def test_touched_merge_keeps_the_update_in_backward_and_equals_the_gradient_path(cache, tmp_path):
+    """Periodic 2D with row-wise Adagrad (``touched`` merges): the tables are stepped in backward,
+    their rows logged from the updates, and training equals the run whose rows are logged from
+    gradients (a weight decay of 1e-12 turns the in-backward update off and changes nothing at 1e-5)."""
+
+    def cfg(decay: float):
+        c = _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=3)
+        c.train.embedding_optimizer, c.train.embedding_lr, c.train.embedding_weight_decay = "adagrad", 0.3, decay
+        return c
+
+    fused = run_distributed(_train_reporting_updates_in_backward, 4, cfg(0.0), tmp_path / "fused")
+    from_gradients = run_distributed(_train_reporting_updates_in_backward, 4, cfg(1e-12), tmp_path / "gradients")
+    assert fused == [True] * 4 and from_gradients == [False] * 4
+    assert json.loads((tmp_path / "fused" / "summary.json").read_text())["replica_average"] == "touched"
+    assert train_losses(tmp_path / "fused") == pytest.approx(train_losses(tmp_path / "gradients"), abs=1e-5)
+    assert_same_parameters(trained_parameters(tmp_path / "fused"), trained_parameters(tmp_path / "gradients"))
 
 
 @pytest.mark.parametrize(

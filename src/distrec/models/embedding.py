@@ -174,6 +174,11 @@ def update_rows_in_backward(weight: nn.Parameter, update: RowUpdate | None) -> N
         setattr(weight, ROW_UPDATE, update)
 
 
+def row_update_in_backward(weight: nn.Parameter) -> RowUpdate | None:
+    """The update ``update_rows_in_backward`` gave ``weight``, or None (it gets gradients)."""
+    return getattr(weight, ROW_UPDATE, None)
+
+
 def _update_or_gradient(ctx, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
     """The end of a pooling's backward from its lookups grouped by row (``RowUpdate``'s
     arguments): apply the weight's in-backward update (``ctx.update``) and return None, or

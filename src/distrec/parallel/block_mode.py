@@ -51,14 +51,14 @@ class BlockMode(ParallelMode):
         """Forward and backward through ``module``, then the dense, tower and sparse optimizers
         of ``cfg.train`` and their schedulers, with ``gradient_sync`` in between.
 
-        Without a gradient sync nothing reads the embedding gradients, so the sparse
-        optimizer steps the rows in backward (``SparseRowOptimizer.update_in_backward``).
+        When the gradient sync does not read the embedding gradients (``reads_row_gradients``),
+        the sparse optimizer steps the rows in backward (``SparseRowOptimizer.update_in_backward``).
         """
         t = self.ctx.cfg.train
         optimizers = make_optimizers(model, t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr, t.weight_decay, t.embedding_weight_decay)
         schedulers = make_schedulers(optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or self.ctx.total_steps)
         sync = self.gradient_sync(model)
-        if sync is None:
+        if not self.reads_row_gradients(sync):
             for optimizer in optimizers:
                 if isinstance(optimizer, SparseRowOptimizer):
                     optimizer.update_in_backward()
@@ -67,6 +67,11 @@ class BlockMode(ParallelMode):
     def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
         """What to run between backward and the optimizers (e.g. all-reduce replicated rows)."""
         return None
+
+    def reads_row_gradients(self, sync: Callable[[], None] | None) -> bool:
+        """Whether ``sync`` (``gradient_sync``'s) reads the embedding gradients, which must then
+        be made (the rows are not stepped in backward); any sync does unless a mode says otherwise."""
+        return sync is not None
 
     def summary_extra(self) -> dict[str, Any]:
         cfg = self.ctx.cfg

@@ -35,6 +35,7 @@ load into any other layout, and any checkpoint loads into this one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from torch.optim import Optimizer
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
+from distrec.models.embedding import RowUpdate, row_update_in_backward, update_rows_in_backward
 from distrec.parallel.block_mode import BlockMode
 from distrec.parallel.mode import RunContext, TrainingStep
 from distrec.parallel.parallelize import resolve_plan
@@ -83,7 +85,10 @@ def replica_average(cfg: RunConfig) -> ReplicaAverage:
 class TouchLog:
     """What each table parameter of this rank went through since the last periodic sync:
     how many steps touched each row (float [rows]) and, for every touched row, its weights
-    before the first of those steps (where all replicas agreed)."""
+    before the first of those steps (where all replicas agreed).
+
+    Rows are logged from each step's gradients (``record`` before the optimizer step), or, for
+    parameters the optimizer steps in backward, as they are stepped (``watch_updates``)."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -98,6 +103,22 @@ class TouchLog:
         if fresh.numel():
             self.origins.setdefault(param, []).append((fresh, param.data[fresh].clone()))
         counts[rows] += 1
+
+    def watch_updates(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
+        """Have every one of ``params`` that is stepped in backward (``update_rows_in_backward``)
+        ``record`` its rows just before each update; the others, whose rows the caller records."""
+        unwatched = []
+        for p in params:
+            update = row_update_in_backward(p)
+            if update is None:
+                unwatched.append(p)
+            else:
+                update_rows_in_backward(p, functools.partial(self._record_then_update, p, update))
+        return unwatched
+
+    def _record_then_update(self, param: nn.Parameter, update: RowUpdate, rows: torch.Tensor, *entries: torch.Tensor) -> None:
+        self.record(param, rows)
+        update(rows, *entries)
 
     def take(self, param: nn.Parameter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``param``'s touch counts [rows], touched rows [n] and their weights at the last sync
@@ -179,6 +200,8 @@ class ReplicaGroups(BlockMode):
         self.sync_bytes = 0  # sent by this rank's replica syncs so far
         self.average = replica_average(ctx.cfg)
         self.touches = TouchLog()
+        self._syncs_rows = True  # whether the gradient sync reads row gradients (gradient_sync says)
+        self._unwatched: list[nn.Parameter] = []  # with touched merges: the parameters whose rows mark_touched logs
 
     @classmethod
     def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
@@ -194,16 +217,19 @@ class ReplicaGroups(BlockMode):
         """Replace ``model.embeddings`` by this rank's share of its replica group's tables."""
         super().shard_embeddings(model)
 
-    def _replicated(self) -> list[nn.Parameter]:
-        """This rank's table parameters that its replica set holds alike (shards, then replicas)."""
-        return list({id(h.param): h.param for h in held_blocks(self.block_module())}.values())
+    def _replicated(self, embeddings: nn.Module | None = None) -> list[nn.Parameter]:
+        """This rank's table parameters that its replica set holds alike (shards, then replicas),
+        in ``embeddings`` (default: ``block_module()``)."""
+        held = held_blocks(self.block_module() if embeddings is None else embeddings)
+        return list({id(h.param): h.param for h in held}.values())
 
     def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
         in_group = super().gradient_sync(model)
         exact = self.ctx.cfg.parallel.replica_sync == "exact"
         towers = model.tower_parameters()
         marks = not exact and self.average == "touched"
-        if not exact and not towers and not marks:
+        self._syncs_rows = in_group is not None or exact or bool(towers)
+        if not self._syncs_rows and not marks:
             return in_group
 
         def sync() -> None:
@@ -216,10 +242,16 @@ class ReplicaGroups(BlockMode):
 
         return sync
 
+    def reads_row_gradients(self, sync: Callable[[], None] | None) -> bool:
+        """Only the in-group sync, exact sync and tower averaging do; a touched merge's log takes
+        the rows of parameters stepped in backward from their updates (``TouchLog.watch_updates``)."""
+        return self._syncs_rows
+
     def mark_touched(self) -> None:
-        """Log the rows this step's gradients touch (all rows of a dense gradient) for the next periodic sync."""
+        """Count a step for the next periodic sync, and log the rows this step's gradients touch
+        (all rows of a dense gradient) for the parameters not stepped in backward."""
         self.touches.steps += 1
-        for p in self._replicated():
+        for p in self._unwatched:
             if p.grad is not None:
                 rows = gradient_rows(p.grad)[0].unique() if p.grad.is_sparse else torch.arange(p.shape[0], device=p.device)
                 self.touches.record(p, rows)
@@ -241,6 +273,8 @@ class ReplicaGroups(BlockMode):
         step = super().make_step(model, module)
         if self.ctx.cfg.parallel.replica_sync == "exact":
             return step
+        if self.average == "touched":
+            self._unwatched = self.touches.watch_updates(self._replicated(model.embeddings))
         return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, lambda: self._charged(self.average_replicas))
 
     def _charged(self, sync: Callable[[], int]) -> None:

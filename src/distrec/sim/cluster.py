@@ -89,7 +89,9 @@ class Cluster:
     across hosts by ``scale_out`` (each GPU's share of both); its collective library
     all-reduces with ``all_reduce_algorithm``. With ``shared_nic`` a host's GPUs share one NIC
     of ``gpus_per_host`` shares (an emulated cluster's one link per host) instead of one NIC
-    each: a flow then gets the shares of the host's GPUs that are not sending across hosts."""
+    each: a flow then gets the shares of the host's GPUs that are not sending across hosts.
+    Every collective also waits ``collective_wait_s`` for its last member to arrive (ranks
+    that share cores, stragglers; 0 for the presets)."""
 
     hosts: int
     gpus_per_host: int
@@ -99,10 +101,13 @@ class Cluster:
     scale_out: LinkParams
     all_reduce_algorithm: AllReduceAlgorithm = "auto"
     shared_nic: bool = False
+    collective_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus_per_host < 1:
             raise DistrecError(f"cluster of {self.hosts} x {self.gpus_per_host} GPUs is invalid; both must be >= 1")
+        if self.collective_wait_s < 0:
+            raise DistrecError(f"collective wait {self.collective_wait_s} s is invalid; use 0 or more")
         if self.all_reduce_algorithm not in get_args(AllReduceAlgorithm):
             raise DistrecError(f"unknown all-reduce algorithm {self.all_reduce_algorithm!r}; choose one of: {', '.join(get_args(AllReduceAlgorithm))}")
 

@@ -18,6 +18,8 @@ bytes over effective bandwidth):
 - auto: the faster of hierarchical and tree, as NCCL's tuner picks by predicted time;
 - ring all-gather of X bytes per member: ``n - 1`` steps of X bytes.
 
+Every collective also waits ``Cluster.collective_wait_s`` once, for its last member (``wait``).
+
 A ring's cross-host step runs at one GPU's share of the scale-out link, or with a shared NIC
 (``Cluster.shared_nic``) at ``per_host`` shares: the ``gpus_per_host / per_host`` rings side
 by side each send one flow out of the host, so they split its NIC among them.
@@ -64,6 +66,11 @@ class Traffic:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def wait(cluster: Cluster) -> Traffic:
+    """The wait of one collective for its last member."""
+    return Traffic(ms=1e3 * cluster.collective_wait_s)
+
+
 def exchange(link: LinkParams, peers: int, bytes_per_peer: float, cross_host: bool) -> Traffic:
     """One message of ``bytes_per_peer`` to each of ``peers`` peers over ``link``."""
     if peers <= 0:
@@ -88,7 +95,8 @@ def all_to_all(cluster: Cluster, members: int, bytes_per_peer: float, per_host: 
     local = members_per_host(cluster, members) if per_host is None else per_host
     intra = exchange(cluster.scale_up, local - 1, bytes_per_peer, cross_host=False)
     cross = exchange(cluster.scale_out, members - local, bytes_per_peer, cross_host=True)
-    return Traffic(intra.bytes + cross.bytes, intra.messages + cross.messages, cross.cross_host_bytes, max(intra.ms, cross.ms))
+    waited = wait(cluster).ms if members > 1 else 0.0
+    return Traffic(intra.bytes + cross.bytes, intra.messages + cross.messages, cross.cross_host_bytes, waited + max(intra.ms, cross.ms))
 
 
 def ring_link(cluster: Cluster, hosts: int, per_host: int) -> LinkParams:
@@ -108,7 +116,8 @@ def ring_all_reduce(cluster: Cluster, num_bytes: float, hosts: int, per_host: in
     link = ring_link(cluster, hosts, per_host)
     steps, chunk = 2 * (members - 1), num_bytes / members
     sent = steps * chunk
-    return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(chunk))
+    cross = sent * hosts / members if hosts > 1 else 0.0
+    return Traffic(bytes=sent, messages=steps, cross_host_bytes=cross, ms=1e3 * steps * link.time_s(chunk)) + wait(cluster)
 
 
 def tree_all_reduce(cluster: Cluster, num_bytes: float, hosts: int) -> Traffic:
@@ -118,7 +127,7 @@ def tree_all_reduce(cluster: Cluster, num_bytes: float, hosts: int) -> Traffic:
     link = cluster.scale_out
     depth = math.ceil(math.log2(hosts))
     ms = 1e3 * (2 * depth * link.latency_s + 2 * num_bytes / (link.bandwidth * link.efficiency))
-    return Traffic(bytes=2 * num_bytes, messages=4, cross_host_bytes=2 * num_bytes, ms=ms)
+    return Traffic(bytes=2 * num_bytes, messages=4, cross_host_bytes=2 * num_bytes, ms=ms) + wait(cluster)
 
 
 def all_reduce(cluster: Cluster, num_bytes: float, hosts: int, per_host: int, algorithm: AllReduceAlgorithm | None = None) -> Traffic:
@@ -144,4 +153,5 @@ def all_gather(cluster: Cluster, bytes_per_member: float, hosts: int, per_host: 
     link = ring_link(cluster, hosts, per_host)
     steps = members - 1
     sent = steps * bytes_per_member
-    return Traffic(bytes=sent, messages=steps, cross_host_bytes=sent * hosts / members if hosts > 1 else 0.0, ms=1e3 * steps * link.time_s(bytes_per_member))
+    cross = sent * hosts / members if hosts > 1 else 0.0
+    return Traffic(bytes=sent, messages=steps, cross_host_bytes=cross, ms=1e3 * steps * link.time_s(bytes_per_member)) + wait(cluster)

@@ -43,7 +43,7 @@ import numpy as np
 
 from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
-from distrec.sim.collectives import Traffic, all_gather, all_reduce, all_to_all, exchange, members_per_host
+from distrec.sim.collectives import Traffic, all_gather, all_reduce, all_to_all, exchange, members_per_host, wait
 from distrec.sim.workload import Workload
 
 Lookup = Literal["flat", "sptt"]
@@ -136,7 +136,7 @@ def embedding_exchange(workload: Workload, cluster: Cluster, groups: Groups, loo
     hosts = groups.group_hosts
     intra = exchange(c.scale_up, c.gpus_per_host - 1, hosts * row_bytes, cross_host=False)
     cross = exchange(c.scale_out, hosts - 1, w.local_batch * w.num_features / hosts * w.embedding_dim * w.bytes_per_float / compression, cross_host=True)
-    return (intra + cross) * 2
+    return (intra + cross + wait(c) * ((c.gpus_per_host > 1) + (hosts > 1))) * 2  # an all-to-all inside hosts, then one among peers
 
 
 def distinct_rows(lookups: float, rows: int, zipf_exponent: float = 0.0) -> float:
