@@ -111,7 +111,7 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
 def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     import numpy as np
 
-    from distrec.config import auto_batch_size
+    from distrec.config import auto_batch_size, embedding_optimizer
     from distrec.data import Dataset, prepare
     from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger, logger_bytes_for, measure_recall
     from distrec.hotline.hot_set import hot_row_bytes
@@ -135,7 +135,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     tables = dataset.tables(cfg.model.embedding_dim)
     space = RowSpace.from_tables(tables)
     dim = cfg.model.embedding_dim
-    row_bytes = hot_row_bytes(dim, row_state_floats(cfg.train.embedding_optimizer or cfg.train.optimizer, dim))
+    row_bytes = hot_row_bytes(dim, row_state_floats(embedding_optimizer(cfg), dim))
     table_bytes = space.total_rows * row_bytes
     hot_budget = parse_bytes(cfg.hotline.hot_budget, "hotline.hot_budget")
     h = cfg.hotline

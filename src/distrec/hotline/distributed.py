@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distrec.config import RunConfig
+from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
 from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, split_batch
@@ -75,16 +75,16 @@ class DistributedHotlineTraining:
 
     def __init__(self, model: nn.Module, cfg: RunConfig, total_steps: int, timer: StepTimer | None = None) -> None:
         t, h = cfg.train, cfg.hotline
-        embedding_optimizer = t.embedding_optimizer or t.optimizer
+        row_optimizer = embedding_optimizer(cfg)
         self.model = model
         self.embeddings: ReplicatedHotEmbedding = model.embeddings
         self.rank = dist.get_rank(self.embeddings.group)
-        self.optimizers = make_optimizers(model, t.optimizer, t.lr, embedding_name=embedding_optimizer, embedding_lr=t.embedding_lr)
+        self.optimizers = make_optimizers(model, t.optimizer, t.lr, embedding_name=row_optimizer, embedding_lr=t.embedding_lr)
         self.sparse_optimizer = next(o for o in self.optimizers if isinstance(o, SparseRowOptimizer))
         self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
-        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(embedding_optimizer, self.embeddings.dim))
+        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim))
         self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
         logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
         total_rows = self.embeddings.space.total_rows

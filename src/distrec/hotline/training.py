@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrec.config import RunConfig
+from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
@@ -113,12 +113,10 @@ class HotlineTraining:
         t, h = cfg.train, cfg.hotline
         self.model = model
         self.progress = progress
-        embedding_optimizer = t.embedding_optimizer or t.optimizer
+        row_optimizer = embedding_optimizer(cfg)
         directory = Path(h.slow_tier_dir or run_dir)
         device = next(model.parameters()).device
-        tier_kwargs = dict(
-            optimizer=embedding_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead, slow_file=h.slow_tier_file
-        )
+        tier_kwargs = dict(optimizer=row_optimizer, slow=h.slow_tier, directory=directory, progress=progress, readahead=h.readahead, slow_file=h.slow_tier_file)
         if tables is None:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
