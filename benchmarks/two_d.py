@@ -346,9 +346,9 @@ def print_table(cluster: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = dict(hosts=2, ranks_per_host=2, bandwidth="1gbit", latency_ms=0.2, global_batch=2048, features=16, dim=64, table_rows=20000,
-                    steps=105, warmup=5, eval_rows=1024, lr=0.003, embedding_lr=0.05, rounds=3, sync_every=[10, 50], seeds=[0, 1, 2],
+                    steps=150, warmup=50, eval_rows=1024, lr=0.003, embedding_lr=0.05, rounds=3, sync_every=[10, 50], seeds=[0, 1, 2],
                     samples=["criteo", "movielens"], auc_procs=4)  # fmt: skip
-    # 105 steps, 5 of warm-up: the 100 measured steps hold whole periods of K = 10 and 50
+    # 150 steps, 50 of warm-up: the run (bytes, link counters) and its 100 timed steps both hold whole periods of K = 10 and 50
     harness.add_options(p, defaults, {
         "bandwidth": "tc rate of every host link (default 1gbit)",
         "latency_ms": "host-to-host delay (ms, default 0.2)",
