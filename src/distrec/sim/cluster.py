@@ -89,7 +89,7 @@ class Cluster:
     across hosts by ``scale_out`` (each GPU's share of both); its collective library
     all-reduces with ``all_reduce_algorithm``. With ``shared_nic`` a host's GPUs share one NIC
     of ``gpus_per_host`` shares (an emulated cluster's one link per host) instead of one NIC
-    each: a flow then gets the shares of the host's GPUs that are not sending across hosts.
+    each: a ring's one flow out of a host then gets the shares of the host's ranks in that ring.
     Every collective also waits ``collective_wait_s`` for its last member to arrive (ranks
     that share cores, stragglers; 0 for the presets)."""
 
