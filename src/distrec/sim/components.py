@@ -24,7 +24,8 @@ the ranks of a group (what a balanced plan gives each rank):
   shard (``ceil(F/S)`` per rank) of its weights and one of its row-wise optimizer state (1/S
   of all rows, times D and times ``row_state_floats`` floats); merging ``touched`` rows,
   all-gathers of a count, then the ids and the change, touch count and state of the rows the
-  group touched in the K steps (distinct rows of K steps' lookups, as above);
+  group touched in the K steps (distinct rows of K steps' lookups, as above), and
+  ``Cluster.row_merge_s`` for each of them;
 - all-reduce: the dense gradients over all N ranks (as one all-reduce; DDP's buckets split
   it into more messages); DMT's tower-module gradients over the L ranks of a host and the
   same host of every group (G hosts).
@@ -189,7 +190,8 @@ def replica_sync(
         rows = touched_rows(w, size, sync_every)
         floats = w.embedding_dim + 1 + w.row_state_floats
         sync = all_gather(c, w.bytes_per_index, hosts, per_host) + all_gather(c, rows * w.bytes_per_index, hosts, per_host)
-        return (sync + all_gather(c, rows * floats * w.bytes_per_float, hosts, per_host)) * (1 / sync_every)
+        merging = Traffic(ms=1e3 * rows * c.row_merge_s)
+        return (sync + all_gather(c, rows * floats * w.bytes_per_float, hosts, per_host) + merging) * (1 / sync_every)
     rows_per_table = sum(w.rows_per_table()) / size / tables  # one all-reduce per table shard and tensor
     weights = all_reduce(c, rows_per_table * w.embedding_dim * w.bytes_per_float, hosts, per_host)
     state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
