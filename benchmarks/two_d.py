@@ -24,7 +24,8 @@ tables on the same links: links fitted to all-to-alls timed on the cluster and t
 a collective for its last member (``emulated_cluster.measure_links``), gloo's ring all-reduce, the synthetic data's Zipf exponent (the rows exact sync moves), and as compute one
 process's training step of the same model at the local batch with every table local (dense
 layers, lookups, optimizers: ``local_step_ms``, timed on every rank before the runs, the
-slowest), so that the comparison tests the simulator's communication and its sum.
+slowest), and as the touched-row merge's cost per row that of a merge timed alone on every
+rank (``row_merge_seconds``), so that the comparison tests the simulator's communication and its sum.
 
 The breakdown counts a rank's whole send buffer (its own share too) and the embedding
 exchange forward only; the simulator counts bytes sent to other ranks, forward and backward,
@@ -109,8 +110,10 @@ def launch(args: argparse.Namespace, out: Path) -> dict:
     result_file = out / "two_d.rank0.json"  # the ranks' raw figures
     result_file.unlink(missing_ok=True)
     runs = {name: overrides(args, out, c) for name, c in configurations(args).items()}
+    size = args.hosts * args.ranks_per_host // GROUPS  # ranks per group
+    merge = {"shard_rows": args.features // size * args.table_rows, "lookups": args.global_batch // GROUPS * args.features // size, "dim": args.dim}
     spec = {"runs": runs, "out": str(out), "warmup": args.warmup, "rounds": args.rounds, "hosts": args.hosts,
-            "ranks_per_host": args.ranks_per_host, "result_file": str(result_file)}  # fmt: skip
+            "ranks_per_host": args.ranks_per_host, "result_file": str(result_file), "merge": merge}  # fmt: skip
     spec_file = out / "two_d.spec.json"
     atomic_write_json(spec_file, spec)
     worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
@@ -126,6 +129,7 @@ def worker(spec_file: str) -> None:
     spec, rank, topology, calibration = start_rank(spec_file)
     names = list(spec["runs"])
     calibration["local_step_ms"] = max_over_ranks(local_step_ms(config.load(None, spec["runs"][names[0]]), topology.world_size))
+    calibration["row_merge_s"] = max_over_ranks(row_merge_seconds(**spec["merge"]))
     results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(spec["rounds"]):
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -158,6 +162,33 @@ def local_step_ms(cfg, world_size: int, steps: int = 12) -> float:
         step(batch)
         times.append((time.perf_counter() - started) * 1e3)
     return float(np.median(times[2:]))
+
+
+def row_merge_seconds(shard_rows: int, lookups: int, dim: int, steps: int = 10) -> float:
+    """Seconds per touched row that a periodic sync's touched-row log (``steps`` steps of
+    ``lookups`` uniform lookups into a [shard_rows, dim] shard) and merge take on this rank,
+    alone in its group (a collective: every rank makes the one-rank groups); the simulator's
+    ``Cluster.row_merge_s`` on this machine."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from distrec.parallel.two_d import TouchLog, merge_touched_rows
+
+    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+    weights, state, draws = torch.randn(shard_rows, dim), torch.rand(shard_rows), torch.Generator().manual_seed(dist.get_rank())
+    costs = []
+    for _ in range(3):
+        log = TouchLog()
+        started = time.perf_counter()
+        for _ in range(steps):
+            log.steps += 1
+            log.record(weights, torch.randint(0, shard_rows, (lookups,), generator=draws).unique())
+        touched = log.take(weights)
+        merge_touched_rows(weights, [state], touched, steps, alone)
+        costs.append((time.perf_counter() - started) / touched[1].numel())
+    return float(np.median(costs))
 
 
 def train_run(cfg, out: Path, warmup: int) -> dict:
@@ -229,7 +260,10 @@ def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
     cluster, links = fitted_cluster(raw["calibration"], args.hosts, args.ranks_per_host, all_reduce_algorithm="ring")
     work = workload(args, out)
     if cluster is not None:  # compute at the rate of the measured local step, not of a large matrix product
-        cluster = cluster.replace(compute_efficiency=compute_ms(work, cluster, towers=False) / raw["calibration"]["local_step_ms"])
+        calibrated = raw["calibration"]
+        cluster = cluster.replace(
+            compute_efficiency=compute_ms(work, cluster, towers=False) / calibrated["local_step_ms"], row_merge_s=calibrated["row_merge_s"]
+        )
     ranks = args.hosts * args.ranks_per_host
     runs = raw["runs"]
     table = {}

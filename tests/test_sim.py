@@ -81,6 +81,8 @@ def test_every_collective_waits_once_for_its_last_member():
     assert all_to_all(waiting, 1, 1000) == Traffic()  # no collective with one member
     with pytest.raises(DistrecError, match="collective wait"):
         c.replace(collective_wait_s=-1.0)
+    with pytest.raises(DistrecError, match="row merge"):
+        c.replace(row_merge_s=-1.0)
 
 
 def test_one_host_does_not_use_the_cross_host_link():

@@ -49,6 +49,15 @@ def test_small_cluster_traffic_matches_the_hand_count():
     assert periodic.replica_sync.bytes == pytest.approx(2 * (3200 + 400) / 5)
     assert periodic.replica_sync.messages == pytest.approx(2 * 2 * 2 / 5)
     assert periodic.total_ms == pytest.approx(periodic.compute_ms + periodic.all_to_all.ms + periodic.replica_sync.ms + periodic.all_reduce.ms)
+    # merging touched rows: all-gathers of the rows the group touched in the 5 steps (count, ids, change + count + state)
+    touched = predict_two_d(SMALL, c, groups=2, sync="periodic", sync_every=5, average="touched")
+    rows5 = 2 * 100 * (1 - 0.99 ** (5 * 256))
+    assert touched_rows(SMALL, 2, 5) == pytest.approx(rows5)
+    assert touched.replica_sync.bytes == pytest.approx((8 + rows5 * (8 + (8 + 1 + 1) * 4)) / 5)
+    assert touched.replica_sync.messages == pytest.approx(3 / 5)
+    merging = predict_two_d(SMALL, c.replace(row_merge_s=1e-6), groups=2, sync="periodic", sync_every=5, average="touched")
+    assert merging.replica_sync.ms == pytest.approx(touched.replica_sync.ms + 1e3 * rows5 * 1e-6 / 5)
+    assert merging.replica_sync.bytes == touched.replica_sync.bytes
 
 
 @pytest.mark.parametrize("gpus", [16, 64, 512])

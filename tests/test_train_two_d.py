@@ -90,7 +90,7 @@ def test_merging_after_one_step_averages_each_row_over_the_groups_that_touched_i
         # row 0: rank 0's alone, row 1: the mean of both, row 2: rank 1's alone, row 3: untouched
         assert weights[:, 0].tolist() == pytest.approx([1.0, 1.5, 2.0, 0.0]) and torch.equal(weights[:, 0], weights[:, 1])
         assert state.tolist() == [10.0, 15.0, 20.0, 0.0]
-        assert sent == 4 * (2 + 3) * 4 + 4 * 4  # changes with three columns of counts, then the state
+        assert sent == 8 + 2 * 8 + 2 * (2 + 1 + 1) * 4  # only its 2 touched rows: their count, ids, then change, touch count, state
 
 
 def test_merging_scales_the_changes_to_the_steps_one_run_would_take():

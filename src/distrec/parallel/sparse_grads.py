@@ -48,6 +48,24 @@ def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | 
     return (world_size - 1) * sum(t.numel() * t.element_size() for t in (mine, padded_rows, padded_values))
 
 
+def all_gather_rows(rows: torch.Tensor, values: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Every member's ``rows`` (int64 [m]) and ``values`` ([m, W], W the same on every member)
+    over ``group`` (a collective): the members' rows and values in rank order, and the bytes
+    this rank sent (its count, rows and values, padded to the longest member's, to each other member)."""
+    world_size, width = dist.get_world_size(group), values.shape[1]
+    count = torch.tensor([rows.numel()], device=rows.device)
+    counts = [torch.empty_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count, group=group)
+    sizes = [int(c) for c in counts]
+    padded_rows, padded_values = _padded(rows, max(sizes)), _padded(values.reshape(-1), max(sizes) * width)
+    all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
+    all_values = [torch.empty_like(padded_values) for _ in range(world_size)]
+    dist.all_gather(all_rows, padded_rows, group=group)
+    dist.all_gather(all_values, padded_values, group=group)
+    sent = (world_size - 1) * sum(t.numel() * t.element_size() for t in (count, padded_rows, padded_values))
+    return [r[:n] for r, n in zip(all_rows, sizes)], [v[: n * width].view(n, width) for v, n in zip(all_values, sizes)], sent
+
+
 def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
     """``x`` (1-D) with zeros appended up to ``length`` (all-gather needs equal sizes)."""
     return torch.cat([x, x.new_zeros(length - x.numel())])

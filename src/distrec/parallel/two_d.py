@@ -55,7 +55,7 @@ from distrec.parallel.parallelize import resolve_plan
 from distrec.parallel.reshard import held_blocks
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
-from distrec.parallel.sparse_grads import average_sparse_grads
+from distrec.parallel.sparse_grads import all_gather_rows, average_sparse_grads
 from distrec.parallel.sptt_mode import Sptt, SpttTowers
 from distrec.sim.components import ReplicaAverage
 from distrec.tables import TableConfig
@@ -144,25 +144,29 @@ def merge_touched_rows(
     row one group touched at a few of many steps keeps all of that group's change. The
     optimizer's row ``states`` ([rows] or [rows, W]) become their mean over the groups that
     touched the row. ``touched`` is ``TouchLog.take``'s.
+
+    Only touched rows travel (a row no group touched is the same in every replica): each
+    member sends its touched rows' change, touch count and states to the others (all-gathers).
     """
     counts, rows, origins = touched
     n, width = weights.shape
-    merged = weights.new_zeros(n, width + 3)  # change, touch count, log(1 - count / steps), touched here
-    merged[rows, :width] = weights[rows] - origins
+    flat_states = [s.view(n, -1) for s in states]
+    payload = torch.cat([weights[rows] - origins, counts[rows].unsqueeze(1), *[s[rows].to(weights.dtype) for s in flat_states]], 1)
     weights[rows] = origins
-    merged[:, width] = counts
-    merged[:, width + 1] = torch.log1p(-counts / steps)  # -inf for a row touched at every step: the sum stays -inf
-    merged[:, width + 2] = counts > 0
-    summed_states = [s.view(n, -1) * merged[:, width + 2 :].to(s.dtype) for s in states]
-    for t in (merged, *summed_states):
-        dist.all_reduce(t, group=group)
-    total, groups = merged[:, width], merged[:, width + 2]
-    hit = total > 0
-    reached = steps * (1 - merged[hit, width + 1].exp())
-    weights[hit] += merged[hit, :width] * (reached / total[hit]).unsqueeze(1)
-    for state, summed in zip(states, summed_states):
-        state.view(n, -1)[hit] = summed[hit] / groups[hit].unsqueeze(1).to(summed.dtype)
-    return sum(t.numel() * t.element_size() for t in (merged, *summed_states))
+    member_rows, member_values, sent = all_gather_rows(rows, payload, group)
+    union, slot = torch.unique(torch.cat(member_rows), return_inverse=True)
+    values = torch.cat(member_values)
+    summed = values.new_zeros(union.numel(), values.shape[1]).index_add_(0, slot, values)  # change, count, states
+    logs = values.new_zeros(union.numel()).index_add_(0, slot, torch.log1p(-values[:, width] / steps))  # -inf for every step
+    groups = values.new_zeros(union.numel()).index_add_(0, slot, values.new_ones(slot.numel()))
+    total = summed[:, width]
+    reached = steps * (1 - logs.exp())
+    weights[union] += summed[:, :width] * (reached / total).unsqueeze(1)
+    offset = width + 1
+    for state in flat_states:
+        state[union] = (summed[:, offset : offset + state.shape[1]] / groups.unsqueeze(1)).to(state.dtype)
+        offset += state.shape[1]
+    return sent
 
 
 class PeriodicReplicaSync:

@@ -91,7 +91,8 @@ class Cluster:
     of ``gpus_per_host`` shares (an emulated cluster's one link per host) instead of one NIC
     each: a ring's one flow out of a host then gets the shares of the host's ranks in that ring.
     Every collective also waits ``collective_wait_s`` for its last member to arrive (ranks
-    that share cores, stragglers; 0 for the presets)."""
+    that share cores, stragglers; 0 for the presets), and a periodic sync that merges touched
+    rows spends ``row_merge_s`` on each (logging and merging it; 0: not modelled)."""
 
     hosts: int
     gpus_per_host: int
@@ -102,12 +103,13 @@ class Cluster:
     all_reduce_algorithm: AllReduceAlgorithm = "auto"
     shared_nic: bool = False
     collective_wait_s: float = 0.0
+    row_merge_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus_per_host < 1:
             raise DistrecError(f"cluster of {self.hosts} x {self.gpus_per_host} GPUs is invalid; both must be >= 1")
-        if self.collective_wait_s < 0:
-            raise DistrecError(f"collective wait {self.collective_wait_s} s is invalid; use 0 or more")
+        if self.collective_wait_s < 0 or self.row_merge_s < 0:
+            raise DistrecError(f"collective wait {self.collective_wait_s} s or row merge {self.row_merge_s} s is invalid; use 0 or more")
         if self.all_reduce_algorithm not in get_args(AllReduceAlgorithm):
             raise DistrecError(f"unknown all-reduce algorithm {self.all_reduce_algorithm!r}; choose one of: {', '.join(get_args(AllReduceAlgorithm))}")
 

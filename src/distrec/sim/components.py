@@ -20,9 +20,12 @@ the ranks of a group (what a balanced plan gives each rank):
   group's step, ``R (1 - (1 - 1/R)^(S b p))`` distinct rows in expectation under uniform
   access, fewer under the workload's Zipf access (``sum_i 1 - (1 - p_i)^(S b p)``), and a
   rank holds 1/S of the tables' sum;
-  ``periodic``: every K steps, one all-reduce per table shard (``ceil(F/S)`` per rank) of
-  its weights and one of its row-wise optimizer state (1/S of all rows, times D and times
-  ``row_state_floats`` floats), divided by K;
+  ``periodic``: every K steps, divided by K: averaging ``all`` rows, one all-reduce per table
+  shard (``ceil(F/S)`` per rank) of its weights and one of its row-wise optimizer state (1/S
+  of all rows, times D and times ``row_state_floats`` floats); merging ``touched`` rows,
+  all-gathers of a count, then the ids and the change, touch count and state of the rows the
+  group touched in the K steps (distinct rows of K steps' lookups, as above), and
+  ``Cluster.row_merge_s`` for each of them;
 - all-reduce: the dense gradients over all N ranks (as one all-reduce; DDP's buckets split
   it into more messages); DMT's tower-module gradients over the L ranks of a host and the
   same host of every group (G hosts).
@@ -156,11 +159,11 @@ def _zipf_distinct_rows(lookups: float, rows: int, exponent: float) -> float:
     return float(-np.expm1(lookups * np.log1p(-weights / weights.sum())).sum())
 
 
-def touched_rows(workload: Workload, size: int) -> float:
-    """Rows of one rank's shard that its group of ``size`` ranks touches in one step (expected
-    under the workload's access distribution; the mean over the group's ranks)."""
+def touched_rows(workload: Workload, size: int, steps: int = 1) -> float:
+    """Rows of one rank's shard that its group of ``size`` ranks touches in ``steps`` steps
+    (expected under the workload's access distribution; the mean over the group's ranks)."""
     w = workload
-    return sum(distinct_rows(size * w.local_batch * w.pooling, rows, w.zipf_exponent) for rows in w.rows_per_table()) / size
+    return sum(distinct_rows(size * w.local_batch * w.pooling * steps, rows, w.zipf_exponent) for rows in w.rows_per_table()) / size
 
 
 def replica_sync(
@@ -183,8 +186,14 @@ def replica_sync(
             + all_gather(c, rows * w.bytes_per_index, hosts, per_host)
             + all_gather(c, rows * w.embedding_dim * w.bytes_per_float, hosts, per_host)
         )
+    if average == "touched":  # the rows each group touched since the last sync: their count, ids, change, touch count and state
+        rows = touched_rows(w, size, sync_every)
+        floats = w.embedding_dim + 1 + w.row_state_floats
+        sync = all_gather(c, w.bytes_per_index, hosts, per_host) + all_gather(c, rows * w.bytes_per_index, hosts, per_host)
+        merging = Traffic(ms=1e3 * rows * c.row_merge_s)
+        return (sync + all_gather(c, rows * floats * w.bytes_per_float, hosts, per_host) + merging) * (1 / sync_every)
     rows_per_table = sum(w.rows_per_table()) / size / tables  # one all-reduce per table shard and tensor
-    weights = all_reduce(c, rows_per_table * (w.embedding_dim + 3 * (average == "touched")) * w.bytes_per_float, hosts, per_host)
+    weights = all_reduce(c, rows_per_table * w.embedding_dim * w.bytes_per_float, hosts, per_host)
     state = all_reduce(c, rows_per_table * w.row_state_floats * w.bytes_per_float, hosts, per_host) if w.row_state_floats else Traffic()
     return (weights + state) * (tables / sync_every)
 
