@@ -158,7 +158,7 @@ def merge_touched_rows(
     values = torch.cat(member_values)
     summed = values.new_zeros(union.numel(), values.shape[1]).index_add_(0, slot, values)  # change, count, states
     logs = values.new_zeros(union.numel()).index_add_(0, slot, torch.log1p(-values[:, width] / steps))  # -inf for every step
-    groups = values.new_zeros(union.numel()).index_add_(0, slot, values.new_ones(slot.numel()))
+    groups = torch.bincount(slot, minlength=union.numel()).to(values.dtype)  # members that touched each row
     total = summed[:, width]
     reached = steps * (1 - logs.exp())
     weights[union] += summed[:, :width] * (reached / total).unsqueeze(1)
