@@ -26,7 +26,7 @@ import torch
 
 from distrec.kernels import rows as row_kernels
 from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
-from distrec.kernels.rows import split_over_threads
+from distrec.kernels.rows import numpy_views, split_over_threads
 
 DIGIT_BITS = 11
 """Bits of a row sorted per radix pass: 2,048 buckets, whose counts stay in the L1 cache."""
@@ -189,11 +189,6 @@ def _radix_sort(keys, source, num_rows):  # pragma: no cover - compiled
     return keys, source
 
 
-def _arrays(*tensors: torch.Tensor) -> list[np.ndarray]:
-    """NumPy views (same memory) of CPU tensors: the kernels write through them."""
-    return [t.detach().numpy() for t in tensors]
-
-
 def _balanced_split(costs: torch.Tensor, threads: int | None) -> list[int]:
     """Boundaries cutting items with ``costs`` int64 [n] (lookups) into contiguous runs of about
     equal cost, one per thread, none under ``MIN_ROWS_PER_THREAD`` lookups unless there is one run."""
@@ -210,7 +205,7 @@ def pool(weight: torch.Tensor, segments: Segments, threads: int | None = None) -
     s = segments
     every_row_written = int(s.bag_start[-1] - s.bag_start[0]) == s.num_out if s.bag_start.numel() > 1 else s.num_out == 0
     out = (weight.new_empty if every_row_written else weight.new_zeros)(s.num_out, weight.shape[1])
-    arrays = _arrays(weight.detach(), s.values, s.offsets, s.bag_start, s.table, s.out_start, s.out_stride, s.table_base, s.table_rows, out)
+    arrays = numpy_views(weight.detach(), s.values, s.offsets, s.bag_start, s.table, s.out_start, s.out_stride, s.table_base, s.table_rows, out)
     cost = s.offsets[s.bag_start[1:]] - s.offsets[s.bag_start[:-1]]
     bounds = _balanced_split(cost, threads)
     bad = [-1] * (len(bounds) - 1)
@@ -245,7 +240,7 @@ def group(segments: Segments, threads: int | None = None) -> tuple[torch.Tensor,
     nnz = int(entry_start[-1])
     rows, bounds, picks = (torch.empty(nnz, dtype=torch.int64) for _ in range(3))
     distinct = torch.zeros(num_tables, dtype=torch.int64)
-    arrays = _arrays(
+    arrays = numpy_views(
         s.values, s.offsets, s.bag_start, s.out_start, s.out_stride, order, segment_ptr, s.table_base, s.table_rows, entry_start, rows, bounds, picks, distinct
     )
     cuts = _balanced_split(per_table, threads)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
-from distrec.kernels.rows import split_over_threads
+from distrec.kernels.rows import numpy_views, split_over_threads
 
 
 @numba.njit(nogil=True, cache=True)
@@ -72,11 +72,6 @@ def _sum_entries(total, grad, picks, start, end):  # pragma: no cover - compiled
             total[d] += grad[p, d]
 
 
-def _arrays(*tensors: torch.Tensor) -> list[np.ndarray]:
-    """NumPy views (same memory, same strides) of CPU tensors: the kernels write through them."""
-    return [t.detach().numpy() for t in tensors]
-
-
 def sgd_rows(weight: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
     """``weight[rows[u]] -= lr * sum(grad[picks[bounds[u]:bounds[u + 1]]])`` for each u, in place.
 
@@ -88,7 +83,7 @@ def sgd_rows(weight: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, pic
         grad: float32 [n, D] gradient vectors.
         lr: learning rate.
     """
-    w, r, b, p, g = _arrays(weight, rows, bounds, picks, grad)
+    w, r, b, p, g = numpy_views(weight, rows, bounds, picks, grad)
     split_over_threads(len(r), lambda start, end: _update_rows(w, np.empty(0, np.float32), r, b, p, g, np.float32(-lr), np.float32(0.0), False, start, end))
 
 
@@ -107,5 +102,5 @@ def rowwise_adagrad_rows(
 
     ``accumulator`` is float32 [num_rows] on the CPU (any stride), updated in place.
     """
-    w, s, r, b, p, g = _arrays(weight, accumulator, rows, bounds, picks, grad)
+    w, s, r, b, p, g = numpy_views(weight, accumulator, rows, bounds, picks, grad)
     split_over_threads(len(r), lambda start, end: _update_rows(w, s, r, b, p, g, np.float32(-lr), np.float32(eps), True, start, end))

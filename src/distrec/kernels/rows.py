@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 MIN_ROWS_PER_THREAD = 16_384
@@ -45,6 +46,12 @@ def split_over_threads(count: int, work: Callable[[int, int], None], threads: in
     work(0, bounds[1])
     for job in pending:
         job.result()
+
+
+def numpy_views(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """NumPy views (same memory, same strides) of CPU tensors, for compiled kernels to read
+    and write through."""
+    return [t.detach().numpy() for t in tensors]
 
 
 def add_to_distinct_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, threads: int | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import nn
 
@@ -36,6 +38,20 @@ def symmetric_pair_map(num_vectors: int, self_interaction: bool, device: torch.d
     return index.view(-1)
 
 
+def interaction_kernels() -> ModuleType:
+    """``distrec.kernels.interaction``, imported on first use (numba adds about a second to a process's start)."""
+    from distrec.kernels import interaction
+
+    return interaction
+
+
+def interacts_by_kernels(x: torch.Tensor | None, e: torch.Tensor) -> bool:
+    """Whether the dot interaction of ``x`` and ``e`` runs in ``distrec.kernels.interaction``
+    (float32 or float64 CPU tensors of one dtype); elsewhere it runs in torch operators."""
+    tensors = [e] if x is None else [x, e]
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and t.dtype == e.dtype for t in tensors)
+
+
 class _DotInteraction(torch.autograd.Function):
     """``[x, pairwise dots of (x, e_1, ..., e_F)]`` with a hand-written backward.
 
@@ -46,13 +62,20 @@ class _DotInteraction(torch.autograd.Function):
     The backward gathers the e.e gradients into a symmetric matrix S per sample (one
     index_select) and returns de = S e + g_xe x^T and dx = g_x + e^T g_xe (+ 2 g_xx x), all
     contiguous; autograd's own graph for bmm + indexing is several times slower on CPU.
+    On the CPU both directions run in ``distrec.kernels.interaction`` instead, which computes
+    only the kept pairs, sample by sample (``interacts_by_kernels``).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor | None, e: torch.Tensor, positions: torch.Tensor, pair_map: torch.Tensor, self_interaction: bool) -> torch.Tensor:
-        ctx.save_for_backward(x, e, pair_map)
         ctx.self_interaction = self_interaction
         ctx.num_pairs = positions.numel()
+        ctx.by_kernels = interacts_by_kernels(x, e)
+        if ctx.by_kernels:
+            x, e = (x.contiguous() if x is not None else None), e.contiguous()
+        ctx.save_for_backward(x, e, pair_map)
+        if ctx.by_kernels:
+            return interaction_kernels().dot_interaction(x, e, self_interaction)
         batch_size, num_sparse, _ = e.shape
         sparse_dots = torch.bmm(e, e.transpose(1, 2)).view(batch_size, num_sparse * num_sparse).index_select(1, positions)
         if x is None:
@@ -63,6 +86,9 @@ class _DotInteraction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None, None, None]:
         x, e, pair_map = ctx.saved_tensors
+        if ctx.by_kernels:
+            grad_x, grad_e = interaction_kernels().dot_interaction_backward(x, e, grad.contiguous(), ctx.self_interaction)
+            return grad_x, grad_e, None, None, None
         batch_size, num_sparse, dim = e.shape
         padded = torch.cat([grad[:, grad.shape[1] - ctx.num_pairs :], grad.new_zeros(batch_size, 1)], dim=1)
         symmetric = padded.index_select(1, pair_map).view(batch_size, num_sparse, num_sparse)
