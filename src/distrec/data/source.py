@@ -80,15 +80,12 @@ def gather_bags(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tu
     """The bags of ``rows`` from a jagged column (values [nnz], offsets int64 [N + 1]).
 
     Returns the concatenated values of the selected bags, in the order of ``rows``, and
-    their lengths (int64 [len(rows)]). Vectorised: no Python loop over rows.
+    their lengths (int64 [len(rows)]), copied bag by bag by ``distrec.kernels.jagged``
+    (imported on first use: numba adds about a second to a process's start).
     """
-    starts = offsets[rows]
-    lengths = offsets[rows + 1] - starts
-    ends_out = np.cumsum(lengths)
-    total = int(ends_out[-1]) if len(ends_out) else 0
-    # each output position i of bag b reads values[starts[b] + (i - start of b in the output)]
-    shift = np.repeat(starts - (ends_out - lengths), lengths)
-    return values[shift + np.arange(total)], lengths
+    from distrec.kernels import jagged
+
+    return jagged.gather_bags(values, np.asarray(offsets, np.int64), np.asarray(rows, np.int64))
 
 
 class MalformedRows:

@@ -1,1 +1,1 @@
-"""Building blocks of the embedding hot path: torch operators, and numba-compiled row updates for CPU weights."""
+"""numba-compiled kernels of the CPU hot path: bag pooling and grouping, row updates, the dot interaction."""
