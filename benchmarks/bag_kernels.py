@@ -6,9 +6,13 @@ same process, alternating in rounds:
 - lookup: ``distrec.kernels.bags.pool`` (sample-major [B * F, D] straight from the batch)
   against the torch path (``feature_major`` rows, ``embedding_bag``, transpose to [B, F, D]);
 - grouping: ``distrec.kernels.bags.group`` against ``group_by_row`` of all rows plus the bag
-  of each sorted entry (what the backward hands the row update).
+  of each sorted entry (what the backward hands the row update);
+- row-wise Adagrad update of the grouped rows: ``distrec.kernels.row_updates`` (one pass per
+  row) against torch operators (each row's entries summed by ``embedding_bag``, then the
+  accumulator and the weight updated with ``index_add_``).
 
-Both give bit-for-bit the same results (checked here too). Medians in ms; the last line is
+Lookup and grouping give bit-for-bit the same results, the update the same to rounding (its
+row norms add their squares in another order); all three are checked here too. Medians in ms; the last line is
 one JSON object.
 
 Usage:
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from distrec.kernels import bags as kernels
+from distrec.kernels import row_updates
 from distrec.models.embedding import feature_major, group_by_row
 
 
@@ -83,9 +88,30 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("bag_kernels: the kernel's lookup differs from the torch operators'")
     if not all(torch.equal(a, b) for a, b in zip(kernels.group(segments), torch_grouping())):
         raise SystemExit("bag_kernels: the kernel's grouping differs from the torch operators'")
+    rows, bounds, picks = kernels.group(segments)
+    grad = torch.randn(args.batch * args.tables, args.dim, generator=torch.Generator().manual_seed(args.seed + 1))
+    accumulator = torch.zeros(weight.shape[0])
+    lr, eps = 1e-9, 1e-10  # tiny steps: repeated calls leave the weight almost as it was
+
+    def torch_update() -> None:
+        summed = F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True)
+        accumulator.index_add_(0, rows, summed.square().mean(1))
+        weight.index_add_(0, rows, summed / (accumulator[rows].sqrt() + eps).unsqueeze(1), alpha=-lr)
+
+    def kernel_update() -> None:
+        row_updates.rowwise_adagrad_rows(weight, accumulator, rows, bounds, picks, grad, lr, eps)
+
+    start_weight, start_accumulator = weight.clone(), accumulator.clone()
+    torch_update()
+    want_weight, want_accumulator = weight.clone(), accumulator.clone()
+    weight.copy_(start_weight), accumulator.copy_(start_accumulator)
+    kernel_update()
+    if not (torch.allclose(weight, want_weight) and torch.allclose(accumulator, want_accumulator, rtol=1e-5)):
+        raise SystemExit("bag_kernels: the kernel's row update differs from the torch operators'")
     cases = {
         "lookup": (torch_lookup, lambda threads: kernels.pool(weight, segments, threads)),
         "grouping": (torch_grouping, lambda threads: kernels.group(segments, threads)),
+        "update": (torch_update, lambda threads: kernel_update()),  # threads: torch.set_num_threads below
     }
     times: dict[str, list[float]] = {}
     for r in range(args.rounds):
