@@ -26,7 +26,7 @@ import numba
 import numpy as np
 import torch
 
-from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
+from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch, prefetch_row
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 
@@ -37,7 +37,7 @@ def _update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, ro
     total = np.empty(dim, np.float32)
     for u in range(start, end):
         if u + PREFETCH_DISTANCE < end:
-            prefetch(weight, rows[u + PREFETCH_DISTANCE])
+            prefetch_row(weight, rows[u + PREFETCH_DISTANCE])
             if rowwise_adagrad:
                 prefetch(accumulator, rows[u + PREFETCH_DISTANCE])
         _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
