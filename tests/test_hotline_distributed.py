@@ -62,8 +62,11 @@ def _train_both(cache: Path, tmp_path: Path, world_size: int, optimizer: str, **
         runs[hotline] = out
     a, b = _parameters(runs[False]), _parameters(runs[True])
     assert a.keys() == b.keys()
+    # Equal up to float32 rounding: the micro-batches sum the dense gradients in another order,
+    # and Adagrad's normalised steps carry such differences of a few ulps into every weight
+    # (1e-5 of a weight is about 80 ulps; a lost or misplaced update moves it by about lr).
     for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     return json.loads((runs[True] / "summary.json").read_text())
 
 
@@ -132,6 +135,9 @@ def test_resumed_run_equals_the_run_left_alone(cache, tmp_path):
     run_distributed(train_on_rank, 2, half, split)
     run_distributed(train_on_rank, 2, cfg, split, True)
     a, b = _parameters(straight), _parameters(split)
+    # Equal up to float32 rounding: the micro-batches sum the dense gradients in another order,
+    # and Adagrad's normalised steps carry such differences of a few ulps into every weight
+    # (1e-5 of a weight is about 80 ulps; a lost or misplaced update moves it by about lr).
     for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     assert json.loads((split / "summary.json").read_text())["hotline"]["relearns"] == 2

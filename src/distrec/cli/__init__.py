@@ -54,14 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with failures.signals_interrupt():
-            return handler(args, argv)
+            status = handler(args, argv)
     except DistrecError as e:
         failures.report(f"distrec: error: {e}")
-        return 2
+        status = 2
     except KeyboardInterrupt as e:
-        return failures.report_interrupted(e)
+        status = failures.report_interrupted(e)
     except Exception:
         if not failures.in_worker():
             raise
         failures.report(traceback.format_exc().rstrip())  # a bug: its traceback, once, from the first rank that hit it
-        return 1
+        status = 1
+    if failures.in_worker():  # its gloo and data-loader threads may still want the GIL: no finalization
+        from distrec.parallel.comm import exit_without_finalizing
+
+        exit_without_finalizing(status)
+    return status

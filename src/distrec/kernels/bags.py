@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from distrec.kernels import rows as row_kernels
-from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row
+from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 DIGIT_BITS = 11
@@ -97,7 +97,7 @@ def _pool(weight, values, offsets, bag_start, table, out_start, out_stride, tabl
             total[:] = 0.0
             for k in range(offsets[bag], offsets[bag + 1]):
                 if k + PREFETCH_DISTANCE < end and 0 <= values[k + PREFETCH_DISTANCE] < rows:
-                    prefetch_row(weight, base + values[k + PREFETCH_DISTANCE])
+                    prefetch(weight, base + values[k + PREFETCH_DISTANCE])
                 v = values[k]
                 if v < 0 or v >= rows:
                     return k
