@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+import harness
 from distrec.kernels import bags as kernels
 from distrec.kernels import row_updates
 from distrec.models.embedding import feature_major, group_by_row
@@ -45,16 +44,6 @@ def make_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
     num_rows = torch.full((args.tables,), args.rows, dtype=torch.int64)
     weight = torch.rand(args.tables * args.rows, args.dim, generator=g)
     return values, offsets, torch.arange(args.tables) * args.rows, num_rows, weight
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls, ms."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -118,8 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
         for threads in args.threads:
             torch.set_num_threads(threads)
             for name, (reference, kernel) in cases.items():
-                times.setdefault(f"{name}/{threads}/torch", []).append(median_ms(reference, args.repeats))
-                times.setdefault(f"{name}/{threads}/kernels", []).append(median_ms(lambda: kernel(threads), args.repeats))
+                times.setdefault(f"{name}/{threads}/torch", []).append(harness.median_ms(reference, args.repeats))
+                times.setdefault(f"{name}/{threads}/kernels", []).append(harness.median_ms(lambda: kernel(threads), args.repeats))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     results = []
     print(f"\n{'part':9s} {'threads':>7s} {'torch ms':>9s} {'kernels ms':>10s} {'speed-up':>8s}")

@@ -9,7 +9,7 @@ folder is first on ``sys.path``). It uses only distrec's public surface.
   per rank with torchrun's environment, :func:`rank_env`, e.g. inside network namespaces);
 - timing: :func:`interleaved_rounds` runs the baseline and the candidates in turns, so that
   every one sees the same machine load; :class:`Samples` holds one system's measurements
-  and gives their median and spread;
+  and gives their median and spread; :func:`median_ms` times one call in this process;
 - training: :func:`train_epochs` trains a distrec model in this process with distrec's
   training step (for quality benchmarks);
 - results: :func:`finish` writes the result JSON atomically and prints it as the last line;
@@ -24,6 +24,7 @@ import io
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -106,6 +107,16 @@ def interleaved_rounds(
 
 
 # ----------------------------------------------------------------------------- launching
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls in this process, ms."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def last_json_line(text: str) -> Any:

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+import harness
 from distrec.models.interaction import DotInteraction
 from distrec.models.mlp import mlp
 
@@ -46,16 +46,6 @@ class PlainDotInteraction(nn.Module):
         vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)
         gram = torch.bmm(vectors, vectors.transpose(1, 2))
         return torch.cat([dense, gram[:, self.rows, self.cols]], dim=1)
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls, ms."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -105,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
             for part, make in (("interaction", interaction_step), ("dense", dense_step)):
                 order = list(interactions.items()) if r % 2 == 0 else list(interactions.items())[::-1]
                 for name, module in order:
-                    times.setdefault(f"{part} {threads}t {name}", []).append(median_ms(make(module), args.repeats))
+                    times.setdefault(f"{part} {threads}t {name}", []).append(harness.median_ms(make(module), args.repeats))
     result: dict = {"config": vars(args), "ms": {}, "speedup": {}}
     for threads in args.threads:
         for part in ("interaction", "dense"):
