@@ -4,7 +4,7 @@ In torch operators the interaction of F sparse vectors is a batched product of [
 [D, F] matrices (all F^2 dots, where F (F - 1) / 2 are kept), an ``index_select`` of the
 kept pairs and a ``cat`` with the dense vector; its backward gathers the pair gradients into
 a symmetric [F, F] matrix per sample and multiplies again. Batched products of matrices this
-small run far below the CPU's peak (about 17 GFLOP/s of 90 here, one thread). These kernels
+small run far below the CPU's peak (``docs/performance.md``). These kernels
 compute, per sample, only the kept dots (vectorised over D) straight into the output row, and
 the gradients by one pass over the pairs: ``de_i += g_ij e_j``, ``de_j += g_ij e_i``.
 

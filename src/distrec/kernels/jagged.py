@@ -3,9 +3,9 @@
 A mini-batch of a multi-hot feature is the bags of B random rows (sorted) of a column of
 millions of values. As NumPy fancy indexing (one index per value) that gather waits on a
 cache miss every few values; copying bag by bag, with the start of the bag a few rows ahead
-prefetched, keeps several misses in flight: about 3x faster on 26 columns of 20-value bags
-(``docs/performance.md``). The batch is built on the data loader's thread, beside training
-on the same cores, so the time saved goes to training.
+prefetched, keeps several misses in flight (timings in ``docs/performance.md``). The batch is
+built on the data loader's thread, beside training on the same cores, so the time saved goes
+to training.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from distrec.kernels.prefetch import prefetch
 
 BAGS_AHEAD = 8
-"""Bags ahead whose first values are prefetched (4-32 measured alike; 8 at the fastest)."""
+"""Bags ahead whose first values are prefetched (chosen by timing 4-32 on this machine)."""
 
 
 @numba.njit(nogil=True, cache=True)
