@@ -54,19 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with failures.signals_interrupt():
-            status = handler(args, argv)
+            return handler(args, argv)
     except DistrecError as e:
         failures.report(f"distrec: error: {e}")
-        status = 2
+        return 2
     except KeyboardInterrupt as e:
         status = failures.report_interrupted(e)
+        if failures.in_worker():  # stopped mid-step, its gloo and data-loader threads may still want the GIL
+            from distrec.parallel.comm import exit_without_finalizing
+
+            exit_without_finalizing(status)
+        return status
     except Exception:
         if not failures.in_worker():
             raise
         failures.report(traceback.format_exc().rstrip())  # a bug: its traceback, once, from the first rank that hit it
-        status = 1
-    if failures.in_worker():  # its gloo and data-loader threads may still want the GIL: no finalization
-        from distrec.parallel.comm import exit_without_finalizing
-
-        exit_without_finalizing(status)
-    return status
+        return 1
