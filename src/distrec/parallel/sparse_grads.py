@@ -30,22 +30,18 @@ def average_sparse_grads(params: list[nn.Parameter], group: dist.ProcessGroup | 
     dist.all_gather(counts, mine, group=group)
     counts = [c.tolist() for c in counts]  # [rank][parameter] entries
     floats = [[n * w for n, w in zip(c, widths)] for c in counts]
-    padded_rows = _padded(torch.cat(rows), max(sum(c) for c in counts))
-    padded_values = _padded(torch.cat(values), max(sum(f) for f in floats))
-    all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
-    all_values = [torch.empty_like(padded_values) for _ in range(world_size)]
-    dist.all_gather(all_rows, padded_rows, group=group)
-    dist.all_gather(all_values, padded_values, group=group)
+    all_rows, rows_sent = _all_gather_jagged(torch.cat(rows), [sum(c) for c in counts], group)
+    all_values, values_sent = _all_gather_jagged(torch.cat(values), [sum(f) for f in floats], group)
     # rank r's entries of parameter t: its counts[r][t] after those of parameters before t
-    row_parts = [torch.split(r[: sum(c)], c) for r, c in zip(all_rows, counts)]
-    value_parts = [torch.split(v[: sum(f)], f) for v, f in zip(all_values, floats)]
+    row_parts = [torch.split(r, c) for r, c in zip(all_rows, counts)]
+    value_parts = [torch.split(v, f) for v, f in zip(all_values, floats)]
     for t, p in enumerate(params):
         if not any(c[t] for c in counts):
             continue
         indices = torch.cat([parts[t] for parts in row_parts])
         averaged = torch.cat([parts[t] for parts in value_parts]).view(-1, widths[t]) / world_size
         p.grad = torch.sparse_coo_tensor(indices.unsqueeze(0), averaged, p.shape, check_invariants=False)  # rows of this replica set's own gradients
-    return (world_size - 1) * sum(t.numel() * t.element_size() for t in (mine, padded_rows, padded_values))
+    return (world_size - 1) * mine.numel() * mine.element_size() + rows_sent + values_sent
 
 
 def all_gather_rows(rows: torch.Tensor, values: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
@@ -57,15 +53,17 @@ def all_gather_rows(rows: torch.Tensor, values: torch.Tensor, group: dist.Proces
     counts = [torch.empty_like(count) for _ in range(world_size)]
     dist.all_gather(counts, count, group=group)
     sizes = [int(c) for c in counts]
-    padded_rows, padded_values = _padded(rows, max(sizes)), _padded(values.reshape(-1), max(sizes) * width)
-    all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
-    all_values = [torch.empty_like(padded_values) for _ in range(world_size)]
-    dist.all_gather(all_rows, padded_rows, group=group)
-    dist.all_gather(all_values, padded_values, group=group)
-    sent = (world_size - 1) * sum(t.numel() * t.element_size() for t in (count, padded_rows, padded_values))
-    return [r[:n] for r, n in zip(all_rows, sizes)], [v[: n * width].view(n, width) for v, n in zip(all_values, sizes)], sent
+    all_rows, rows_sent = _all_gather_jagged(rows, sizes, group)
+    all_values, values_sent = _all_gather_jagged(values.reshape(-1), [n * width for n in sizes], group)
+    sent = (world_size - 1) * count.numel() * count.element_size() + rows_sent + values_sent
+    return all_rows, [v.view(n, width) for v, n in zip(all_values, sizes)], sent
 
 
-def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
-    """``x`` (1-D) with zeros appended up to ``length`` (all-gather needs equal sizes)."""
-    return torch.cat([x, x.new_zeros(length - x.numel())])
+def _all_gather_jagged(x: torch.Tensor, lengths: list[int], group: dist.ProcessGroup | None) -> tuple[list[torch.Tensor], int]:
+    """Every member's ``x`` (1-D; member r's has ``lengths[r]`` entries) over ``group`` (a
+    collective), in rank order, and the bytes this rank sent: ``x`` padded with zeros to the
+    longest member's (all-gather needs equal sizes), to each other member."""
+    padded = torch.cat([x, x.new_zeros(max(lengths) - x.numel())])
+    parts = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(parts, padded, group=group)
+    return [p[:n] for p, n in zip(parts, lengths)], (len(lengths) - 1) * padded.numel() * padded.element_size()
