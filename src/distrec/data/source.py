@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from distrec.errors import DistrecError
+from distrec.kernels import compiled
 
 # How many malformed rows are reported by line number ("the first few").
 REPORTED_MALFORMED_ROWS = 5
@@ -80,12 +81,9 @@ def gather_bags(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tu
     """The bags of ``rows`` from a jagged column (values [nnz], offsets int64 [N + 1]).
 
     Returns the concatenated values of the selected bags, in the order of ``rows``, and
-    their lengths (int64 [len(rows)]), copied bag by bag by ``distrec.kernels.jagged``
-    (imported on first use: numba adds about a second to a process's start).
+    their lengths (int64 [len(rows)]), copied bag by bag by ``distrec.kernels.jagged``.
     """
-    from distrec.kernels import jagged
-
-    return jagged.gather_bags(values, np.asarray(offsets, np.int64), np.asarray(rows, np.int64))
+    return compiled("jagged").gather_bags(values, np.asarray(offsets, np.int64), np.asarray(rows, np.int64))
 
 
 class MalformedRows:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import NamedTuple, Protocol
 
 import torch
@@ -11,6 +10,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.kernels import compiled
 from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 
@@ -219,13 +219,6 @@ class _SumPooling(torch.autograd.Function):
         return _update_or_gradient(ctx, rows, bounds, order if bags.bag_of_row is None else bags.bag_of_row[order], grad), None
 
 
-def bag_kernels() -> ModuleType:
-    """``distrec.kernels.bags``, imported on first use (numba adds about a second to a process's start)."""
-    from distrec.kernels import bags
-
-    return bags
-
-
 class _SegmentPooling(torch.autograd.Function):
     """``pool_sum`` of bags given as ``distrec.kernels.bags.Segments``, by the compiled kernels:
     the same results, gradient and in-backward update, without the shifted rows, the bag of each
@@ -236,12 +229,12 @@ class _SegmentPooling(torch.autograd.Function):
         ctx.segments = segments
         ctx.weight_shape = weight.shape
         ctx.update = getattr(weight, ROW_UPDATE, None)
-        return bag_kernels().pool(weight, segments)
+        return compiled("bags").pool(weight, segments)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         grad = grad.contiguous()
-        return _update_or_gradient(ctx, *bag_kernels().group(ctx.segments), grad), None
+        return _update_or_gradient(ctx, *compiled("bags").group(ctx.segments), grad), None
 
 
 def pool_segments(weight: torch.Tensor, segments) -> torch.Tensor:
@@ -352,7 +345,7 @@ class EmbeddingBagCollection(nn.Module):
         shape = (batch.batch_size, self.num_features, self.dim)
         single_hot = batch.sparse_values.numel() == batch.batch_size * self.num_features
         if not single_hot and pools_by_kernels(self.weight):  # the kernels check the indices as they go
-            kernels = bag_kernels()
+            kernels = compiled("bags")
             segments = kernels.feature_segments(batch.sparse_values, batch.sparse_offsets, self.row_offsets, self.table_num_rows)
             try:
                 return pool_segments(self.weight, segments).view(shape)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 from torch import nn
+
+from distrec.kernels import compiled
 
 
 def pair_positions(num_vectors: int, self_interaction: bool, device: torch.device | str | None = None) -> torch.Tensor:
@@ -38,13 +38,6 @@ def symmetric_pair_map(num_vectors: int, self_interaction: bool, device: torch.d
     return index.view(-1)
 
 
-def interaction_kernels() -> ModuleType:
-    """``distrec.kernels.interaction``, imported on first use (numba adds about a second to a process's start)."""
-    from distrec.kernels import interaction
-
-    return interaction
-
-
 def interacts_by_kernels(x: torch.Tensor | None, e: torch.Tensor) -> bool:
     """Whether the dot interaction of ``x`` and ``e`` runs in ``distrec.kernels.interaction``
     (float32 or float64 CPU tensors of one dtype); elsewhere it runs in torch operators."""
@@ -75,7 +68,7 @@ class _DotInteraction(torch.autograd.Function):
             x, e = (x.contiguous() if x is not None else None), e.contiguous()
         ctx.save_for_backward(x, e, pair_map)
         if ctx.by_kernels:
-            return interaction_kernels().dot_interaction(x, e, self_interaction)
+            return compiled("interaction").dot_interaction(x, e, self_interaction)
         batch_size, num_sparse, _ = e.shape
         sparse_dots = torch.bmm(e, e.transpose(1, 2)).view(batch_size, num_sparse * num_sparse).index_select(1, positions)
         if x is None:
@@ -87,7 +80,7 @@ class _DotInteraction(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None, None, None]:
         x, e, pair_map = ctx.saved_tensors
         if ctx.by_kernels:
-            grad_x, grad_e = interaction_kernels().dot_interaction_backward(x, e, grad.contiguous(), ctx.self_interaction)
+            grad_x, grad_e = compiled("interaction").dot_interaction_backward(x, e, grad.contiguous(), ctx.self_interaction)
             return grad_x, grad_e, None, None, None
         batch_size, num_sparse, dim = e.shape
         padded = torch.cat([grad[:, grad.shape[1] - ctx.num_pairs :], grad.new_zeros(batch_size, 1)], dim=1)

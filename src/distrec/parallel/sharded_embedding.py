@@ -34,7 +34,8 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.models.embedding import bag_kernels, bags_of_rows, pool_segments, pool_sum, pools_by_kernels
+from distrec.kernels import compiled
+from distrec.models.embedding import bags_of_rows, pool_segments, pool_sum, pools_by_kernels
 from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.plan import ShardingPlan
@@ -237,7 +238,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """``_pool`` of multi-hot bags into one fused weight, by the bag kernels (``pool_segments``):
         each (source, unit) run of bags is a segment of that unit's rows."""
         n_local = len(self.local_units)
-        kernels = bag_kernels()
+        kernels = compiled("bags")
         bag_start = torch.zeros(len(source_batch) * n_local + 1, dtype=torch.int64)
         torch.cumsum(torch.tensor(source_batch, dtype=torch.int64).repeat_interleave(n_local), 0, out=bag_start[1:])
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Iterator
-from types import ModuleType
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
+from distrec.kernels import compiled
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
@@ -65,14 +65,6 @@ def row_grouping(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     if has_distinct_rows(grad):  # entry u is row u's
         return rows, torch.arange(rows.numel() + 1, device=rows.device), torch.arange(rows.numel(), device=rows.device)
     return group_by_row(rows, grad.shape[0])
-
-
-def row_updates() -> ModuleType:
-    """``distrec.kernels.row_updates``, imported on first use: numba adds about a second to the
-    start of every process, and evaluation or planning never needs it."""
-    from distrec.kernels import row_updates as kernels
-
-    return kernels
 
 
 def fused_update(param: torch.Tensor) -> bool:
@@ -189,7 +181,7 @@ class SparseSGD(SparseRowOptimizer):
     fuses_rows = True
 
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
-        row_updates().sgd_rows(param, rows, bounds, picks, grad, group["lr"])
+        compiled("row_updates").sgd_rows(param, rows, bounds, picks, grad, group["lr"])
 
     def update_with_operators(self, param, grad, group, state):
         entries = gradient_rows(grad)
@@ -234,7 +226,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
         return state["sum"]
 
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
-        row_updates().rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
+        compiled("row_updates").rowwise_adagrad_rows(param, self.accumulator(param, group, state), rows, bounds, picks, grad, group["lr"], group["eps"])
 
     def update_with_operators(self, param, grad, group, state):
         accumulator = self.accumulator(param, group, state)
