@@ -14,6 +14,7 @@ from torch import nn
 from distrec.data import Dataset, prepare
 from distrec.hotline.distributed import replicated_hot_embeddings
 from distrec.models.build import build_model
+from distrec.models.embedding import bags_of_rows, pool_sum
 from distrec.parallel.default_plans import uniform_plan
 from distrec.train.loop import Trainer
 from multiprocess import run_distributed
@@ -38,9 +39,14 @@ def _touched_rows_reduce(rank: int, world_size: int, cache: Path) -> dict:
     emb.set_hot_ids(torch.arange(0, emb.space.total_rows, 5), None)
     rows, dim = emb.hot_weight.shape
     looked_up = torch.tensor([[1, 4, 4, 9], [4, 7, rows - 1, 7]][rank])  # rank 0 and rank 1 share row 4
+    # a step that stops after its hot lookups' backward, before its sync (a failed step): the
+    # next step must not see its gradients
     emb.share_touched_rows(looked_up)
-    unique = looked_up.unique()  # rank 0 writes 1s, rank 1 2s (as a sparse gradient, like the lookups')
-    emb.hot_weight.grad = torch.sparse_coo_tensor(unique.unsqueeze(0), torch.full((unique.numel(), dim), float(rank + 1)), (rows, dim))
+    pool_sum(emb.hot_weight, bags_of_rows(looked_up, torch.arange(5))).sum().backward()
+    emb.share_touched_rows(looked_up)
+    # one lookup per bag, through the hot table's pooling; output gradient 1 on rank 0, 2 on rank 1
+    pooled = pool_sum(emb.hot_weight, bags_of_rows(looked_up, torch.arange(5)))
+    pooled.backward(torch.full_like(pooled, float(rank + 1)))
     dense = nn.Parameter(torch.zeros(3))
     dense.grad = torch.full((3,), float(rank))
     emb.sync_gradients([dense])
@@ -61,7 +67,8 @@ def test_one_all_reduce_carries_the_dense_gradients_and_only_the_touched_hot_row
     union = sorted({1, 4, 9, 7, r["rows"] - 1})
     for rank in range(2):
         assert results[rank]["indices"] == union
-        expected = torch.tensor([{1: 0.5, 4: 1.5, 9: 0.5, 7: 1.0}.get(i, 1.0) for i in union]).unsqueeze(1).expand(-1, r["dim"])
+        # sums per rank (rank 0: 1 -> 1, 4 -> 2, 9 -> 1; rank 1: 4 -> 2, 7 -> 4, last -> 2), averaged
+        expected = torch.tensor([{1: 0.5, 4: 2.0, 9: 0.5, 7: 2.0}.get(i, 1.0) for i in union]).unsqueeze(1).expand(-1, r["dim"])
         torch.testing.assert_close(results[rank]["values"], expected, rtol=0, atol=0)
         torch.testing.assert_close(results[rank]["dense"], torch.full((3,), 0.5), rtol=0, atol=0)
     # float32 dense gradients and touched rows, one bit per hot row for their union

@@ -81,6 +81,9 @@ class DistributedHotlineTraining:
         self.rank = dist.get_rank(self.embeddings.group)
         self.optimizers = make_optimizers(model, t.optimizer, t.lr, embedding_name=row_optimizer, embedding_lr=t.embedding_lr)
         self.sparse_optimizer = next(o for o in self.optimizers if isinstance(o, SparseRowOptimizer))
+        # the shards' rows step in the non-popular micro-batch's backward (the only one that
+        # reaches them; nothing reads their gradients), as the sharded trainer's do
+        self.sparse_optimizer.update_in_backward(only=self.embeddings.cold.weights)
         self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))

@@ -31,21 +31,26 @@ from torch.optim import Optimizer
 
 from distrec.data.batch import Batch
 from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.models.embedding import Bags, pool_sum, update_rows_in_backward
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
 
 
-def keep_indices(batch: Batch, keep: torch.Tensor, values: torch.Tensor | None = None) -> Batch:
-    """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag.
+def kept_bags(offsets: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bags of a jagged batch cut at ``offsets`` int64 [bags + 1] with only the indices
+    where ``keep`` (bool [nnz]): their offsets int64 [bags + 1] and the bag of each kept index,
+    int64 [kept]."""
+    lengths = torch.diff(offsets)
+    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=keep.device), lengths, output_size=keep.numel())[keep]
+    kept = torch.zeros_like(offsets)
+    torch.cumsum(torch.bincount(bag_of, minlength=lengths.numel()), 0, out=kept[1:])
+    return kept, bag_of
 
-    ``values`` (int64 [nnz]) replaces the batch's indices before filtering when given.
-    """
-    bag_lengths = torch.diff(batch.sparse_offsets)
-    bag_of = torch.repeat_interleave(torch.arange(bag_lengths.numel(), device=keep.device), bag_lengths, output_size=keep.numel())
-    offsets = torch.zeros_like(batch.sparse_offsets)
-    torch.cumsum(torch.bincount(bag_of[keep], minlength=bag_lengths.numel()), 0, out=offsets[1:])
-    source = batch.sparse_values if values is None else values
-    return Batch(batch.dense, source[keep], offsets, batch.labels)
+
+def keep_indices(batch: Batch, keep: torch.Tensor) -> Batch:
+    """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag."""
+    offsets, _ = kept_bags(batch.sparse_offsets, keep)
+    return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels)
 
 
 class ReplicatedHotEmbedding(nn.Module):
@@ -54,9 +59,11 @@ class ReplicatedHotEmbedding(nn.Module):
     Same contract as the sharded module: ``forward(batch) -> [B_local, F, D]``, a collective
     unless inside ``local_only()`` (for batches whose every index is hot) or given its cold
     part (``cold_forward``, e.g. run by a worker thread, then ``known_rows``). ``hot_weight``
-    [H, D] holds global rows ``hot_ids`` (ascending); its sparse gradient is averaged by
-    ``sync_gradients`` over the rows any rank looked up (made known by
-    ``share_touched_rows``), so the project's sparse optimizers step it like any shard.
+    [H, D] holds global rows ``hot_ids`` (ascending). The lookups' backward sums the hot rows'
+    gradients per row into a buffer (no gradient entry per lookup); ``sync_gradients``
+    averages them over the rows any rank looked up (made known by ``share_touched_rows``) and
+    makes them ``hot_weight``'s sparse gradient, so the project's sparse optimizers step it
+    like any shard.
 
     Args:
         cold: this rank's sharded embeddings (all rows; hot ones are stale there).
@@ -79,6 +86,8 @@ class ReplicatedHotEmbedding(nn.Module):
         device = next(cold.parameters()).device
         self.hot_ids = torch.zeros(0, dtype=torch.int64, device=device)
         self.hot_weight = nn.Parameter(torch.zeros(0, self.dim, device=device))
+        self._hot_grad = torch.zeros(0, self.dim, device=device)  # [H, D] this step's hot-row gradients; zero outside its looked-up rows
+        update_rows_in_backward(self.hot_weight, self._add_hot_gradients)
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
@@ -131,9 +140,7 @@ class ReplicatedHotEmbedding(nn.Module):
             (hot, pos), cold_part = find_sorted(self.hot_ids, self.space.batch_ids(batch)), None
         else:
             hot, pos, cold_part = self._known
-        hot_part = keep_indices(batch, hot, pos)
-        pooled = F.embedding_bag(hot_part.sparse_values, self.hot_weight, hot_part.sparse_offsets, mode="sum", include_last_offset=True, sparse=True)
-        pooled = pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
+        pooled = self._hot_lookups(batch, hot, pos)
         if self._local_only:
             self.stats = ExchangeStats()
             return pooled
@@ -146,7 +153,22 @@ class ReplicatedHotEmbedding(nn.Module):
         self.stats = ExchangeStats(input_bytes=stats.input_bytes, output_bytes=stats.output_bytes, output_ms=(time.perf_counter() - waited) * 1e3)
         return pooled + cold
 
+    def _hot_lookups(self, batch: Batch, hot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The hot part of ``forward``: each bag's sum of its hot rows, [B_local, F, D] (a view).
+
+        Pooled feature-major by ``embedding_bag`` (the bag kernels are slower on bags of 0 or 1
+        rows); the backward adds the rows' gradients to the buffer (``_add_hot_gradients``)."""
+        offsets, bag_of = kept_bags(batch.sparse_offsets, hot)
+        pooled = pool_sum(self.hot_weight, Bags(pos[hot], offsets, bag_of))
+        return pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
+
     # --- gradients --------------------------------------------------------------------------
+    @torch.no_grad()
+    def _add_hot_gradients(self, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
+        """The hot lookups' backward (a ``RowUpdate``): add each looked-up hot row's summed
+        gradient, ``grad`` rows ``picks`` grouped by ``bounds``, to its row of the buffer."""
+        self._hot_grad.index_add_(0, rows, F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True))
+
     def share_touched_rows(self, positions: torch.Tensor) -> None:
         """Start the union over the ranks of the hot rows this step looks up (a collective,
         asynchronous: ``sync_gradients`` waits for it), one bit per hot row.
@@ -155,6 +177,8 @@ class ReplicatedHotEmbedding(nn.Module):
             positions: int64 [n], positions in the hot table of every hot lookup of this
                 rank's mini-batch (repeats allowed).
         """
+        if self._touched is not None:  # the last step stopped before its sync_gradients
+            self._hot_grad.zero_()
         rows = self.hot_ids.numel()
         bits = torch.zeros((rows + 7) // 8 * 8, dtype=torch.uint8, device=self.hot_ids.device)
         bits[positions] = 1
@@ -184,10 +208,8 @@ class ReplicatedHotEmbedding(nn.Module):
         """
         touched_bytes = self._touched[0].numel() if self._touched is not None else 0
         touched = self._touched_rows()
-        grad = self.hot_weight.new_zeros(touched.numel(), self.dim)
-        if self.hot_weight.grad is not None:  # sparse, over this rank's rows (a subset of touched)
-            mine = self.hot_weight.grad.coalesce()
-            grad[torch.searchsorted(touched, mine.indices()[0])] = mine.values()
+        grad = self._hot_grad[touched]  # this rank's rows are a subset of touched
+        self._hot_grad.index_fill_(0, touched, 0.0)
         parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [grad]
         flat = torch.cat([g.reshape(-1) for g in parts])
         dist.all_reduce(flat, group=self.group)
@@ -221,6 +243,7 @@ class ReplicatedHotEmbedding(nn.Module):
         self.hot_ids = ids
         self.hot_weight.data = rows[:, : self.dim].contiguous()
         self.hot_weight.grad = None
+        self._hot_grad = torch.zeros_like(self.hot_weight.data)
         if optimizer is not None:
             state = self._row_state(optimizer, self.hot_weight)
             for k, key in enumerate(state):

@@ -120,15 +120,19 @@ class SparseRowOptimizer(Optimizer):
         """One step on distinct ``rows`` of ``param`` whose gradients are grouped sums of ``grad`` rows (``RowUpdate``)."""
         raise NotImplementedError
 
-    def update_in_backward(self, enable: bool = True) -> None:
+    def update_in_backward(self, enable: bool = True, only: Iterable[torch.Tensor] | None = None) -> None:
         """Step every float32 CPU parameter without weight decay during backward (``pool_sum``'s),
         from its grouped output gradient, instead of from a gradient in ``step``; ``enable=False`` undoes it.
+        ``only``: just these of the optimizer's parameters (default: all).
 
         The result equals backward then ``step``; only call it when nothing reads or
         accumulates the embedding gradients in between (see ``update_rows_in_backward``).
         """
+        chosen = None if only is None else {id(p) for p in only}
         for group in self.param_groups:
             for p in group["params"]:
+                if chosen is not None and id(p) not in chosen:
+                    continue
                 fused = enable and self.fuses_rows and not group["weight_decay"] and fused_update(p)
                 update_rows_in_backward(p, functools.partial(self._update_in_backward, p) if fused else None)
 
