@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from distrec.data import Dataset, prepare
+from distrec.data.batch import Batch
 from distrec.hotline.distributed import replicated_hot_embeddings
+from distrec.hotline.hot_lookups import touched_bits
 from distrec.models.build import build_model
-from distrec.models.embedding import bags_of_rows, pool_sum
 from distrec.parallel.default_plans import uniform_plan
 from distrec.train.loop import Trainer
 from multiprocess import run_distributed
@@ -39,13 +40,20 @@ def _touched_rows_reduce(rank: int, world_size: int, cache: Path) -> dict:
     emb.set_hot_ids(torch.arange(0, emb.space.total_rows, 5), None)
     rows, dim = emb.hot_weight.shape
     looked_up = torch.tensor([[1, 4, 4, 9], [4, 7, rows - 1, 7]][rank])  # rank 0 and rank 1 share row 4
+    # one sample whose first 4 bags hold one of the lookups each, looked up from the hot table
+    offsets = torch.tensor([0, 1, 2, 3] + [4] * (len(tables) - 3))  # F + 1 bounds (F >= 4)
+    batch = Batch(torch.zeros(1, 13), looked_up.clone(), offsets, torch.zeros(1))
+
+    def hot_lookups() -> torch.Tensor:
+        with emb.local_only(), emb.known_rows(torch.ones(4, dtype=torch.bool), looked_up):
+            return emb(batch)
+
     # a step that stops after its hot lookups' backward, before its sync (a failed step): the
     # next step must not see its gradients
-    emb.share_touched_rows(looked_up)
-    pool_sum(emb.hot_weight, bags_of_rows(looked_up, torch.arange(5))).sum().backward()
-    emb.share_touched_rows(looked_up)
-    # one lookup per bag, through the hot table's pooling; output gradient 1 on rank 0, 2 on rank 1
-    pooled = pool_sum(emb.hot_weight, bags_of_rows(looked_up, torch.arange(5)))
+    emb.share_touched_rows(touched_bits(looked_up, rows))
+    hot_lookups().sum().backward()
+    emb.share_touched_rows(touched_bits(looked_up, rows))
+    pooled = hot_lookups()  # output gradient 1 on rank 0, 2 on rank 1
     pooled.backward(torch.full_like(pooled, float(rank + 1)))
     dense = nn.Parameter(torch.zeros(3))
     dense.grad = torch.full((3,), float(rank))

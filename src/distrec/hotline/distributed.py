@@ -32,11 +32,11 @@ from torch import nn
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
-from distrec.hotline.hot_set import hot_row_bytes, is_popular, select_hot_set, split_batch
+from distrec.hotline.hot_lookups import find_hot_lookups
+from distrec.hotline.hot_set import hot_row_bytes, select_hot_set, split_batch
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
 from distrec.hotline.row_state import row_state_floats
-from distrec.hotline.rows import find_sorted
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
@@ -106,12 +106,10 @@ class DistributedHotlineTraining:
         if self.relearn_every and self.counters.steps and self.counters.steps % self.relearn_every == 0:
             self.relearn()
         size = batch.batch_size
-        ids = self.embeddings.space.batch_ids(batch)
         if self.logger is not None and self._relearns_later():
-            self.logger.observe(ids)
-        hot, positions = find_sorted(self.embeddings.hot_ids, ids)
-        self.embeddings.share_touched_rows(positions[hot])
-        popular_mask = is_popular(batch, hot)
+            self.logger.observe(self.embeddings.space.batch_ids(batch))
+        hot, positions, popular_mask, touched = find_hot_lookups(batch, self.embeddings.space, self.embeddings.hot_ids)
+        self.embeddings.share_touched_rows(touched)
         num_popular = int(popular_mask.sum())
         normalizer = normalizer or size
         try:

@@ -31,7 +31,7 @@ from torch.optim import Optimizer
 
 from distrec.data.batch import Batch
 from distrec.hotline.rows import RowSpace, find_sorted
-from distrec.models.embedding import Bags, pool_sum, update_rows_in_backward
+from distrec.kernels import compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
 
@@ -51,6 +51,25 @@ def keep_indices(batch: Batch, keep: torch.Tensor) -> Batch:
     """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag."""
     offsets, _ = kept_bags(batch.sparse_offsets, keep)
     return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels)
+
+
+class _HotPooling(torch.autograd.Function):
+    """Sum pooling of bags of hot-table rows whose backward adds each lookup's bag gradient to
+    its row of ``into`` [H, D] and gives the weight no gradient."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        ctx.rows, ctx.bag_of, ctx.into = rows, bag_of, into
+        return F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True)
+
+    @staticmethod
+    @torch.no_grad()
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, None, None, None]:
+        if ctx.into.device.type == "cpu":
+            compiled("hot_lookups").add_picked_rows(ctx.into, ctx.rows, ctx.bag_of, grad.contiguous())
+        else:
+            ctx.into.index_add_(0, ctx.rows, grad[ctx.bag_of])
+        return None, None, None, None, None
 
 
 class ReplicatedHotEmbedding(nn.Module):
@@ -87,7 +106,6 @@ class ReplicatedHotEmbedding(nn.Module):
         self.hot_ids = torch.zeros(0, dtype=torch.int64, device=device)
         self.hot_weight = nn.Parameter(torch.zeros(0, self.dim, device=device))
         self._hot_grad = torch.zeros(0, self.dim, device=device)  # [H, D] this step's hot-row gradients; zero outside its looked-up rows
-        update_rows_in_backward(self.hot_weight, self._add_hot_gradients)
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
@@ -157,33 +175,23 @@ class ReplicatedHotEmbedding(nn.Module):
         """The hot part of ``forward``: each bag's sum of its hot rows, [B_local, F, D] (a view).
 
         Pooled feature-major by ``embedding_bag`` (the bag kernels are slower on bags of 0 or 1
-        rows); the backward adds the rows' gradients to the buffer (``_add_hot_gradients``)."""
+        rows); the backward adds the lookups' gradients to the buffer that ``sync_gradients`` reads."""
         offsets, bag_of = kept_bags(batch.sparse_offsets, hot)
-        pooled = pool_sum(self.hot_weight, Bags(pos[hot], offsets, bag_of))
+        pooled = _HotPooling.apply(self.hot_weight, pos[hot], offsets, bag_of, self._hot_grad)
         return pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
 
     # --- gradients --------------------------------------------------------------------------
-    @torch.no_grad()
-    def _add_hot_gradients(self, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
-        """The hot lookups' backward (a ``RowUpdate``): add each looked-up hot row's summed
-        gradient, ``grad`` rows ``picks`` grouped by ``bounds``, to its row of the buffer."""
-        self._hot_grad.index_add_(0, rows, F.embedding_bag(picks, grad, bounds, mode="sum", include_last_offset=True))
-
-    def share_touched_rows(self, positions: torch.Tensor) -> None:
+    def share_touched_rows(self, touched: torch.Tensor) -> None:
         """Start the union over the ranks of the hot rows this step looks up (a collective,
-        asynchronous: ``sync_gradients`` waits for it), one bit per hot row.
+        asynchronous: ``sync_gradients`` waits for it).
 
         Args:
-            positions: int64 [n], positions in the hot table of every hot lookup of this
-                rank's mini-batch (repeats allowed).
+            touched: uint8 [ceil(H / 8)], one bit per hot row this rank's mini-batch looks up
+                (``HotLookups.touched``).
         """
         if self._touched is not None:  # the last step stopped before its sync_gradients
             self._hot_grad.zero_()
-        rows = self.hot_ids.numel()
-        bits = torch.zeros((rows + 7) // 8 * 8, dtype=torch.uint8, device=self.hot_ids.device)
-        bits[positions] = 1
-        packed = (bits.view(-1, 8) << torch.arange(8, dtype=torch.uint8, device=bits.device)).sum(1, dtype=torch.uint8)
-        self._touched = (packed, dist.all_reduce(packed, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
+        self._touched = (touched, dist.all_reduce(touched, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
 
     def _touched_rows(self) -> torch.Tensor:
         """Positions int64 [T] (ascending) of the hot rows some rank looked up this step,

@@ -53,10 +53,7 @@ class RowSpace:
         values, offsets = batch.sparse_values, batch.sparse_offsets
         if batch.batch_size == 0:
             return values.new_empty(0)
-        if batch.num_features != self.num_tables:
-            raise DistrecError(
-                f"the batch has {batch.num_features} sparse features but the model has {self.num_tables} tables; use data prepared for this model"
-            )
+        self.check_features(batch)
         per_feature = torch.diff(offsets[:: batch.batch_size])  # indices of each feature [F]
         bounds = torch.as_tensor(self.offsets, device=values.device)
         table_of = torch.repeat_interleave(torch.arange(self.num_tables, device=values.device), per_feature, output_size=values.numel())
@@ -64,6 +61,13 @@ class RowSpace:
         if bool(torch.any(values < 0) | torch.any(ids >= bounds[table_of + 1])):
             raise DistrecError("the batch has row indices outside their tables; prepare the data with these table sizes")
         return ids
+
+    def check_features(self, batch: Batch) -> None:
+        """Raise DistrecError unless ``batch`` has one sparse feature per table."""
+        if batch.num_features != self.num_tables:
+            raise DistrecError(
+                f"the batch has {batch.num_features} sparse features but the model has {self.num_tables} tables; use data prepared for this model"
+            )
 
     def to_table_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Split global ids into (table index, row within the table), both int64 like ``ids``."""

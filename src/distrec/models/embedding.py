@@ -147,12 +147,10 @@ def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_o
 
 
 class RowUpdate(Protocol):
-    """What a pooling's backward does with a weight's looked-up rows in place of making its
-    gradient (see ``update_rows_in_backward``): an optimizer step on the rows, or their
-    gradients summed somewhere else."""
+    """An optimizer step on a weight's rows, from their gradient entries (see ``update_rows_in_backward``)."""
 
     def __call__(self, rows: torch.Tensor, bounds: torch.Tensor, picks: torch.Tensor, grad: torch.Tensor) -> None:
-        """Take distinct rows int64 [U] of the weight; row u's gradient is the sum of
+        """Update distinct rows int64 [U] of the weight; row u's gradient is the sum of
         ``grad[picks[k]]`` [*, D] for k in [bounds[u], bounds[u + 1])."""
         ...
 

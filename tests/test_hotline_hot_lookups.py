@@ -1,0 +1,57 @@
+"""find_hot_lookups: the one-pass kernel against the torch operators it replaces."""
+
+import pytest
+import torch
+
+from distrec.data.batch import Batch
+from distrec.errors import DistrecError
+from distrec.hotline.hot_lookups import find_hot_lookups, touched_bits
+from distrec.hotline.hot_set import is_popular
+from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.tables import TableConfig
+
+TABLES = [TableConfig("a", 1000, 4), TableConfig("b", 7, 4), TableConfig("c", 300, 4)]
+SPACE = RowSpace.from_tables(TABLES)
+
+
+def random_batch(batch_size: int, max_bag: int, seed: int) -> Batch:
+    """Bags of 0..max_bag indices, drawn with repeats from each table."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_bag + 1, (len(TABLES) * batch_size,), generator=gen)
+    per_feature = lengths.view(len(TABLES), batch_size).sum(1).tolist()
+    values = torch.cat([torch.randint(0, t.num_rows, (n,), generator=gen) for t, n in zip(TABLES, per_feature)])
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return Batch(torch.randn(batch_size, 2, generator=gen), values, offsets, torch.zeros(batch_size))
+
+
+@pytest.mark.parametrize("max_bag, hot_fraction", [(1, 0.5), (4, 0.9), (3, 0.0), (2, 1.0)])
+def test_the_kernel_finds_what_the_torch_operators_find(max_bag, hot_fraction):
+    batch = random_batch(64, max_bag, seed=max_bag)
+    gen = torch.Generator().manual_seed(1)
+    hot_ids = torch.nonzero(torch.rand(SPACE.total_rows, generator=gen) < hot_fraction).view(-1)
+    found = find_hot_lookups(batch, SPACE, hot_ids)
+    hot, positions = find_sorted(hot_ids, SPACE.batch_ids(batch))
+    assert torch.equal(found.hot, hot)
+    assert torch.equal(found.positions[hot], positions[hot])
+    assert torch.equal(found.popular, is_popular(batch, hot))
+    assert torch.equal(found.touched, touched_bits(positions[hot], hot_ids.numel()))
+    if 0 < hot_fraction < 1:
+        assert 0 < int(hot.sum()) < hot.numel()
+
+
+def test_touched_bits_set_one_bit_per_looked_up_row():
+    assert touched_bits(torch.tensor([0, 9, 9, 3]), 11).tolist() == [0b1001, 0b10]
+
+
+def test_an_empty_batch_and_bad_indices():
+    empty = Batch(torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(0))
+    found = find_hot_lookups(empty, SPACE, torch.tensor([3, 1001]))
+    assert found.hot.numel() == 0 and found.popular.numel() == 0 and found.touched.tolist() == [0]
+    batch = random_batch(8, 2, seed=0)
+    batch.sparse_values[-1] = TABLES[-1].num_rows  # one past the last table's end
+    with pytest.raises(DistrecError, match="outside their tables"):
+        find_hot_lookups(batch, SPACE, torch.tensor([3, 1001]))
+    narrow = Batch(batch.dense, batch.sparse_values[: int(batch.sparse_offsets[16])], batch.sparse_offsets[:17], batch.labels)
+    with pytest.raises(DistrecError, match="sparse features"):
+        find_hot_lookups(narrow, SPACE, torch.tensor([3, 1001]))
