@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from distrec.kernels import compiled
+from distrec.kernels.rows import numpy_views
+
 
 @dataclass
 class Batch:
@@ -70,6 +73,10 @@ class Batch:
     def select_with_positions(self, rows: torch.Tensor) -> tuple[Batch, torch.Tensor]:
         """``select(rows)``, and where each of its indices sits in ``sparse_values``: int64 [nnz'],
         so per-index data of this batch can be selected alike."""
+        if rows.device.type == "cpu":
+            arrays = compiled("jagged").select_bags(*numpy_views(self.sparse_values, self.sparse_offsets), self.batch_size, rows.numpy())
+            values, offsets, positions = (torch.from_numpy(a) for a in arrays)
+            return Batch(self.dense[rows], values, offsets, self.labels[rows]), positions
         lengths = self.lengths()[:, rows]  # [F, b']
         starts = self.sparse_offsets[:-1].view(self.num_features, self.batch_size)[:, rows]
         flat_lengths = lengths.reshape(-1)
