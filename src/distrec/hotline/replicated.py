@@ -36,12 +36,16 @@ from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
 
 
-def kept_bags(offsets: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kept_bags(offsets: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The bags of a jagged batch cut at ``offsets`` int64 [bags + 1] with only the indices
-    where ``keep`` (bool [nnz]): their offsets int64 [bags + 1] and the bag of each kept index,
-    int64 [kept]."""
+    where ``keep`` (bool [nnz]; None: all): their offsets int64 [bags + 1] and the bag of each
+    kept index, int64 [kept]."""
     lengths = torch.diff(offsets)
-    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=keep.device), lengths, output_size=keep.numel())[keep]
+    nnz = int(offsets[-1]) if keep is None else keep.numel()
+    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=nnz)
+    if keep is None:
+        return offsets, bag_of
+    bag_of = bag_of[keep]
     kept = torch.zeros_like(offsets)
     torch.cumsum(torch.bincount(bag_of, minlength=lengths.numel()), 0, out=kept[1:])
     return kept, bag_of
@@ -176,8 +180,9 @@ class ReplicatedHotEmbedding(nn.Module):
 
         Pooled feature-major by ``embedding_bag`` (the bag kernels are slower on bags of 0 or 1
         rows); the backward adds the lookups' gradients to the buffer that ``sync_gradients`` reads."""
-        offsets, bag_of = kept_bags(batch.sparse_offsets, hot)
-        pooled = _HotPooling.apply(self.hot_weight, pos[hot], offsets, bag_of, self._hot_grad)
+        every = self._local_only  # every index hot: nothing to filter out
+        offsets, bag_of = kept_bags(batch.sparse_offsets, None if every else hot)
+        pooled = _HotPooling.apply(self.hot_weight, pos if every else pos[hot], offsets, bag_of, self._hot_grad)
         return pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
 
     # --- gradients --------------------------------------------------------------------------

@@ -19,34 +19,48 @@ import torch
 from distrec.kernels.bags import IndexOutsideTable
 from distrec.kernels.rows import numpy_views
 
+SEARCH_BLOCK = 16
+"""Indices searched side by side: their binary searches are independent chains of loads, which
+the CPU overlaps (one search alone waits on each load in turn; 4x faster by timing 1-32 here)."""
+
 
 @numba.njit(nogil=True, cache=True)
 def _find(values, offsets, batch_size, table_base, table_rows, hot_ids, hot_start, positions, popular, touched):  # pragma: no cover - compiled
     """Fill ``positions`` (-1 where cold), clear ``popular[b]`` of samples with a cold index and
     set the bit of every looked-up hot row in ``touched``; returns the first index outside its
     table, or -1."""
-    for bag in range(offsets.shape[0] - 1):
-        f = bag // batch_size
-        sample = bag - f * batch_size
+    num_features = (offsets.shape[0] - 1) // batch_size
+    base = np.empty(SEARCH_BLOCK, np.int64)
+    row = np.empty(SEARCH_BLOCK, np.int64)
+    for f in range(num_features):
+        # the last hot id <= row among the table's own hot ids, without branches (a select per
+        # halving); every index of the table takes the same number of halvings
         first, end = hot_start[f], hot_start[f + 1]
-        for k in range(offsets[bag], offsets[bag + 1]):
-            v = values[k]
-            if v < 0 or v >= table_rows[f]:
-                return k
-            row = table_base[f] + v
-            # the last hot id <= row, if any: a binary search without branches (a select per
-            # halving; the branchy form mispredicts about every other step)
-            base, n = first, end - first
+        lo, hi = offsets[f * batch_size], offsets[(f + 1) * batch_size]
+        for s in range(lo, hi, SEARCH_BLOCK):
+            m = min(SEARCH_BLOCK, hi - s)
+            for i in range(m):
+                v = values[s + i]
+                if v < 0 or v >= table_rows[f]:
+                    return s + i
+                base[i] = first
+                row[i] = table_base[f] + v
+            n = end - first
             while n > 1:
                 half = n >> 1
-                base = base + half if hot_ids[base + half] <= row else base
+                for i in range(m):
+                    base[i] = base[i] + half if hot_ids[base[i] + half] <= row[i] else base[i]
                 n -= half
-            if n == 1 and hot_ids[base] == row:
-                positions[k] = base
-                touched[base >> 3] |= np.uint8(1 << (base & 7))
-            else:
-                positions[k] = -1
+            for i in range(m):
+                positions[s + i] = base[i] if n == 1 and hot_ids[base[i]] == row[i] else -1
+    for bag in range(offsets.shape[0] - 1):
+        sample = bag % batch_size
+        for k in range(offsets[bag], offsets[bag + 1]):
+            p = positions[k]
+            if p < 0:
                 popular[sample] = False
+            else:
+                touched[p >> 3] |= np.uint8(1 << (p & 7))
     return -1
 
 
