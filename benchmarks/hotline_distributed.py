@@ -24,7 +24,8 @@ output exchange and its backward, which sends as many bytes back) plus the gradi
 all-reduces (the sharded trainer's DDP: the dense gradients; Hotline's: the dense gradients
 and the touched hot rows' in one all-reduce, plus one bit per hot row for the union of the
 touched rows). On the emulated cluster the bytes that crossed the host links (veth
-counters) are reported too. Every rank computes with one thread (``OMP_NUM_THREADS=1``,
+counters) are reported too; and each system's CPU time per step (a rank's process, all its
+threads, mean over the ranks): with more ranks than cores the step is bound by it. Every rank computes with one thread (``OMP_NUM_THREADS=1``,
 ``OMP_WAIT_POLICY=PASSIVE``).
 
 The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
@@ -164,13 +165,14 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
         batches = trainer.dataset.batches(trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, world))
         link = LinkCounter()
-        seconds, exchanged, reduced = [], [], []
+        seconds, cpu_seconds, exchanged, reduced = [], [], [], []
         for step, batch in zip(range(t.max_steps), batches):
             if step == first_timed:
                 link_start, counters_start = link.tx(), dict(vars(training.counters)) if training else {}
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             trainer.step_fn(batch, normalizer=t.batch_size / world)
             seconds.append(time.perf_counter() - started)
+            cpu_seconds.append(time.process_time() - cpu_started)
             trainer.timer.end_step()
             stats = trainer.mode.exchange_stats()
             exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back
@@ -178,17 +180,24 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         timed = t.max_steps - first_timed
         cross_host = (link.tx() - link_start) / timed
         per_rank: list = [None] * world
-        dist.all_gather_object(per_rank, (seconds[first_timed:], float(np.mean(exchanged[first_timed:])), float(np.mean(reduced[first_timed:]))))
+        timed_figures = (
+            seconds[first_timed:],
+            float(np.mean(exchanged[first_timed:])),
+            float(np.mean(reduced[first_timed:])),
+            float(np.mean(cpu_seconds[first_timed:])),
+        )
+        dist.all_gather_object(per_rank, timed_figures)
         counters = {k: v - counters_start[k] for k, v in vars(training.counters).items()} if training else {}
         components = {c: float(np.median([s.get(c, 0.0) for s in trainer.timer.steps[first_timed:]])) for c in COMPONENTS if c != "data_loading"}
     finally:
         trainer.close()
-    slowest = np.max([s for s, _, _ in per_rank], axis=0)
-    all_to_all = float(np.mean([a for _, a, _ in per_rank]))
-    all_reduce = float(np.mean([r for _, _, r in per_rank]))
+    slowest = np.max([s for s, _, _, _ in per_rank], axis=0)
+    all_to_all = float(np.mean([a for _, a, _, _ in per_rank]))
+    all_reduce = float(np.mean([r for _, _, r, _ in per_rank]))
     figures = {
         "samples_per_s": t.batch_size / float(np.median(slowest)),
         "step_ms": {"median": float(np.median(slowest)) * 1e3, "min": float(slowest.min()) * 1e3},
+        "cpu_ms_per_step": float(np.mean([c for _, _, _, c in per_rank])) * 1e3,  # a rank's process CPU time (all its threads), mean over ranks
         "all_to_all_bytes_per_step": all_to_all,
         "all_reduce_bytes_per_step": all_reduce,
         "total_bytes_per_step": all_to_all + all_reduce,
@@ -226,12 +235,14 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
 
 
 def print_table(results: dict[str, dict]) -> None:
-    print(f"\n{'setting':<8} {'system':<8} {'samples/s':>10} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}")
+    print(
+        f"\n{'setting':<8} {'system':<8} {'samples/s':>10} {'CPU ms/step':>12} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}"
+    )
     for setting, r in results.items():
         for name, s in r["systems"].items():
             ratio = r["bytes_ratio"] if name == "hotline" else 1.0
             print(
-                f"{setting:<8} {name:<8} {s['samples_per_s_median']:>10,.0f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
+                f"{setting:<8} {name:<8} {s['samples_per_s_median']:>10,.0f} {s['cpu_ms_per_step']:>12.1f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
                 f"{s['all_reduce_bytes_per_step'] / 1e6:>19.3f} {ratio:>12.3f} {s.get('popular_fraction', 0.0):>8.3f}"
             )
         print(f"{setting:<8} speedup {r['speedup']:.3f} (rounds: {r['speedup_per_round']})")
