@@ -14,5 +14,6 @@ Paper concept -> module:
   hot-set re-learning -> ``pipeline``; CPU placement of the step and the worker -> ``placement``
 - one process, as a parallel mode -> ``training`` (the step), ``tiers_mode``
 - many processes: hot rows replicated, the rest sharded -> ``replicated``, ``distributed``,
-  ``replicated_mode``
+  ``replicated_mode``; each mini-batch's hot lookups, popular samples and touched hot rows ->
+  ``hot_lookups``
 """
