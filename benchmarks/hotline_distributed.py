@@ -25,8 +25,8 @@ all-reduces (the sharded trainer's DDP: the dense gradients; Hotline's: the dens
 and the touched hot rows' in one all-reduce, plus one bit per hot row for the union of the
 touched rows). On the emulated cluster the bytes that crossed the host links (veth
 counters) are reported too; and each system's CPU time per step (a rank's process, all its
-threads, mean over the ranks): with more ranks than cores the step is bound by it. Every rank computes with one thread (``OMP_NUM_THREADS=1``,
-``OMP_WAIT_POLICY=PASSIVE``).
+threads, mean over the ranks): with more ranks than cores the step is bound by it. Every
+rank computes with one thread (``OMP_NUM_THREADS=1``, ``OMP_WAIT_POLICY=PASSIVE``).
 
 The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
 per step / the sharded trainer's), ``speedup`` (samples/s ratio) and ``popular_fraction``,

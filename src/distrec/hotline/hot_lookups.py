@@ -53,7 +53,7 @@ def find_hot_lookups(batch: Batch, space: RowSpace, hot_ids: torch.Tensor) -> Ho
         table_base = torch.as_tensor(space.offsets)
         try:
             positions, popular, touched = kernels.find_hot(batch.sparse_values, batch.sparse_offsets, batch.batch_size, table_base, hot_ids)
-        except compiled("bags").IndexOutsideTable:
+        except kernels.IndexOutsideTable:
             space.batch_ids(batch)  # raises the error naming the problem
             raise
         return HotLookups(positions >= 0, positions, popular, touched)

@@ -30,6 +30,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from distrec.data.batch import Batch
+from distrec.hotline.hot_lookups import find_hot_lookups
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
@@ -135,7 +136,7 @@ class ReplicatedHotEmbedding(nn.Module):
 
         Args:
             hot: bool [nnz], whether each index of the batch is a hot row.
-            positions: int64 [nnz], each hot index's row in the hot table (``find_sorted``).
+            positions: int64 [nnz], each hot index's row in the hot table (``find_hot_lookups``).
         """
         self._known = (hot, positions, cold)
         try:
@@ -152,14 +153,15 @@ class ReplicatedHotEmbedding(nn.Module):
         run it while the caller computes on a popular micro-batch.
         """
         if hot is None:
-            hot, _ = find_sorted(self.hot_ids, self.space.batch_ids(batch))
+            hot = find_hot_lookups(batch, self.space, self.hot_ids).hot
         pooled = self.cold(keep_indices(batch, ~hot))
         return pooled, self.cold.stats
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
         if self._known is None:
-            (hot, pos), cold_part = find_sorted(self.hot_ids, self.space.batch_ids(batch)), None
+            found, cold_part = find_hot_lookups(batch, self.space, self.hot_ids), None
+            hot, pos = found.hot, found.positions
         else:
             hot, pos, cold_part = self._known
         pooled = self._hot_lookups(batch, hot, pos)

@@ -5,8 +5,9 @@ Distributed Hotline asks of every mini-batch, before anything else runs: which i
 hot rows and where they sit in the hot table, which samples are popular (every index hot),
 and which hot rows the rank touches. In torch operators that is a global id per index, a
 binary search of all of them, a scatter to the samples and one to the hot rows, each a pass
-over the batch with its own temporaries. Here one pass answers all four, each index searched
-only among its own table's hot rows (a shorter search). The backward adds each lookup's
+over the batch with its own temporaries. Here one compiled call answers all four: a pass that
+searches each index among its own table's hot rows only (a shorter search), several indices
+side by side, then a pass over the bags. The backward adds each lookup's
 bag gradient straight to its row of a [H, D] buffer, in order, with no sort.
 """
 
@@ -21,7 +22,7 @@ from distrec.kernels.rows import numpy_views
 
 SEARCH_BLOCK = 16
 """Indices searched side by side: their binary searches are independent chains of loads, which
-the CPU overlaps (one search alone waits on each load in turn; 4x faster by timing 1-32 here)."""
+the CPU overlaps, where one search alone waits on each load in turn (timings in docs/hotline.md)."""
 
 
 @numba.njit(nogil=True, cache=True)
