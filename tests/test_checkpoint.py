@@ -272,3 +272,23 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert [p.name for p in run.iterdir() if p.name.startswith(".checkpoint")] == []  # the staging folder is gone
     assert read_meta(find_checkpoint(run))["step"] == 4
     assert_same(parameters(run), before)
+
+
+def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(tmp_path, monkeypatch):
+    """Hotline's base rows (maybe larger than RAM) are shared by hard links: a new checkpoint
+    takes their checksum from the one it links from, and the result verifies."""
+    from distrec.train import checkpoint
+
+    state = {0: {"x": torch.arange(4)}}
+    checkpoint.save_checkpoint(tmp_path, state, {"step": 1}, write_files=lambda d: (d / "rows.bin").write_bytes(os.urandom(4096)))
+    read = []
+    real = checkpoint.file_checksum
+    monkeypatch.setattr(checkpoint, "file_checksum", lambda path: read.append(path.name) or real(path))
+    checkpoint.save_checkpoint(tmp_path, state, {"step": 2}, write_files=lambda d: os.link(tmp_path / "checkpoint" / "rows.bin", d / "rows.bin"), name="best")
+    assert read == ["state-rank0.pt"]
+    assert read_meta(tmp_path / "best")["sha256"]["rows.bin"] == real(tmp_path / "best" / "rows.bin")
+    read.clear()
+    for name in ("checkpoint", "best"):  # no checkpoint to take it from: the file is read
+        (tmp_path / name / "meta.json").unlink()
+    checkpoint.save_checkpoint(tmp_path, state, {"step": 3}, write_files=lambda d: os.link(tmp_path / "best" / "rows.bin", d / "rows.bin"), name="other")
+    assert read == ["rows.bin", "state-rank0.pt"]

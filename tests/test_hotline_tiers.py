@@ -1,8 +1,11 @@
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from distrec.errors import DistrecError
+from distrec.hotline.row_files import SavedRows
 from distrec.hotline.tiers import TwoTierStore
 
 ROWS, WIDTH, DIM = 50, 5, 4  # 4 weights and 1 optimizer-state float per row
@@ -119,19 +122,87 @@ def test_save_and_load_keep_every_row_of_both_tiers(tmp_path):
         store.set_hot(np.array([0, 10, 11]))
         update(store, torch.tensor([0, 5, 11]), torch.ones(3, DIM))
         apply_reference(reference, torch.tensor([0, 5, 11]), torch.ones(3, DIM))
-        store.save(tmp_path / "rows.npy")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "rows.npy"]
+        (tmp_path / "ckpt").mkdir()
+        store.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["hotline-rows.npy"]  # the first save: a full copy
     other = TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, WIDTH), slow="host")
     with other:
         other.set_hot(np.array([5, 10]))
-        other.load(tmp_path / "rows.npy")
+        other.load(tmp_path / "ckpt")
         assert torch.equal(other.gather(torch.arange(ROWS)), reference)
         other.set_hot(np.array([], dtype=np.int64))
         assert torch.equal(other.slow, reference)
 
 
+def saved(directory) -> torch.Tensor:
+    """The rows a checkpoint directory holds, base and changed rows together (read in chunks of 7 rows)."""
+    return torch.from_numpy(np.concatenate([rows for _, _, rows in SavedRows(directory).chunks(7)]))
+
+
+def test_a_save_beside_the_last_links_its_base_and_writes_only_the_changed_rows(tmp_path):
+    store, reference = make_store(tmp_path / "scratch", "disk")
+    run = tmp_path / "run"
+    with store:
+        store.set_hot(np.array([3, 20]))
+        (run / "first").mkdir(parents=True)
+        store.save(run / "first")
+        ids = torch.tensor([3, 7, 30])  # a hot row and two cold ones
+        update(store, ids, torch.ones(3, DIM))
+        apply_reference(reference, ids, torch.ones(3, DIM))
+        store.set_hot(np.array([20, 41]))  # row 3 leaves the fast tier (written back), 41 enters
+        (run / "second").mkdir()
+        store.save(run / "second")
+        assert torch.equal(saved(run / "second"), reference)
+        base = run / "second" / "hotline-rows.npy"
+        assert base.samefile(run / "first" / "hotline-rows.npy")  # shared, not copied
+        assert np.load(run / "second" / "hotline-rows-changed-ids.npy").tolist() == [3, 7, 20, 30, 41]  # written rows and hot rows
+        shutil.rmtree(run / "first")  # the next checkpoint finds the base in "second"
+        update(store, torch.tensor([9]), torch.ones(1, DIM))
+        apply_reference(reference, torch.tensor([9]), torch.ones(1, DIM))
+        (run / "third").mkdir()
+        store.save(run / "third")
+        assert (run / "third" / "hotline-rows.npy").samefile(base)
+        assert torch.equal(saved(run / "third"), reference)
+        moved = tmp_path / "elsewhere" / "ckpt"  # no base beside it: a full copy, the new base
+        moved.mkdir(parents=True)
+        store.save(moved)
+        assert not (moved / "hotline-rows-changed-ids.npy").exists() and not (moved / "hotline-rows.npy").samefile(base)
+        assert torch.equal(saved(moved), reference)
+    other = TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, WIDTH), slow="host")
+    with other:
+        other.load(run / "third")  # base and changed rows; its base becomes the store's
+        assert torch.equal(other.slow, reference)
+        update(other, torch.tensor([11]), torch.ones(1, DIM))
+        apply_reference(reference, torch.tensor([11]), torch.ones(1, DIM))
+        (run / "fourth").mkdir()
+        other.save(run / "fourth")
+        assert (run / "fourth" / "hotline-rows.npy").samefile(base)
+        assert np.load(run / "fourth" / "hotline-rows-changed-ids.npy").tolist() == [3, 7, 9, 11, 20, 30, 41]
+        assert torch.equal(saved(run / "fourth"), reference)
+
+
+def test_a_save_after_more_than_half_the_rows_changed_writes_a_new_base(tmp_path):
+    store, reference = make_store(tmp_path / "scratch", "host")
+    with store:
+        (tmp_path / "a").mkdir()
+        store.save(tmp_path / "a")
+        ids = torch.arange(0, ROWS, 2)
+        update(store, ids, torch.ones(len(ids), DIM))  # exactly half: still the changed rows only
+        apply_reference(reference, ids, torch.ones(len(ids), DIM))
+        (tmp_path / "b").mkdir()
+        store.save(tmp_path / "b")
+        assert (tmp_path / "b" / "hotline-rows.npy").samefile(tmp_path / "a" / "hotline-rows.npy")
+        update(store, torch.tensor([1]), torch.ones(1, DIM))
+        apply_reference(reference, torch.tensor([1]), torch.ones(1, DIM))
+        (tmp_path / "c").mkdir()
+        store.save(tmp_path / "c")
+        assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["hotline-rows.npy"]
+        assert not (tmp_path / "c" / "hotline-rows.npy").samefile(tmp_path / "a" / "hotline-rows.npy")
+        assert torch.equal(saved(tmp_path / "c"), reference)
+
+
 def test_load_rejects_rows_of_another_shape(tmp_path):
-    np.save(tmp_path / "rows.npy", np.zeros((ROWS, WIDTH + 1), dtype=np.float32))
+    np.save(tmp_path / "hotline-rows.npy", np.zeros((ROWS, WIDTH + 1), dtype=np.float32))
     store, _ = make_store(tmp_path, "host")
-    with store, pytest.raises(DistrecError, match="expected float32"):
-        store.load(tmp_path / "rows.npy")
+    with store, pytest.raises(DistrecError, match="expected"):
+        store.load(tmp_path)

@@ -10,6 +10,7 @@ from distrec import config
 from distrec.cli import main
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
+from distrec.hotline.row_files import SavedRows
 from distrec.hotline.row_state import row_state_floats
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
@@ -179,7 +180,7 @@ def run_outcome(run):
     summary.pop("peak_rss_bytes_per_rank")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(ckpt / "state-rank0.pt", weights_only=False)["hotline"]
-    return np.load(ckpt / "hotline-rows.npy"), state["model"], records, summary
+    return SavedRows(ckpt).rows(0, SavedRows(ckpt).shape[0]), state["model"], records, summary
 
 
 def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch):

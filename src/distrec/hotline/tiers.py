@@ -18,6 +18,10 @@ A gather from the disk tier first starts the reads of every page its rows touch,
 
 A stored row is ``width`` float32: the ``dim`` embedding weights first, then the
 optimizer's per-row state, so both move between tiers together.
+
+Checkpoints (``save``/``load``) use ``row_files``' layout: the store remembers which base
+file its rows were last saved to or loaded from and which rows it has written since, so a
+save next to that base hard-links it and writes only the changed rows.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tqdm import tqdm
 
 from distrec.errors import DistrecError
 from distrec.hotline.readahead import RowReadahead
+from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, FileIdentity, SavedRows, find_base, link_base
 from distrec.io import atomic_path
 
 FLOAT_BYTES = 4
@@ -175,11 +180,13 @@ class TwoTierStore:
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.fast = torch.empty((0, width), device=self.device)
         self._slot_of = torch.full((num_rows,), NOT_HOT, dtype=torch.int32)
+        self._base: FileIdentity | None = None  # the rows file this store last saved in full or loaded
+        self._changed = torch.zeros(num_rows, dtype=torch.bool)  # slow-tier rows written since that file
         if slow_file is None:
             self._fill(init, progress)
 
     def _fill(self, init: RowInit, progress: bool) -> None:
-        for start, end in self._chunks("slow tier", progress):
+        for start, end in self._chunks(self.num_rows, "slow tier", progress):
             self.slow[start:end] = init(start, end)
 
     @property
@@ -233,6 +240,7 @@ class TwoTierStore:
             rows = self._read_slow(ids, self.width, ahead=False)  # gathered for the step's forward: in the page cache
             rule(rows, _row_gradient(entry_row, cold_grads.to(rows.device), (ids.numel(), dim)))
             self.slow[ids] = rows
+            self._changed[ids] = True
 
     def set_hot(self, new_ids: np.ndarray) -> None:
         """Make the rows ``new_ids`` (ascending unique global ids) the fast tier.
@@ -246,6 +254,7 @@ class TwoTierStore:
         old = self.hot_ids.cpu()
         leaving = ~torch.isin(old, new)
         self.slow[old[leaving]] = self.fast[leaving.to(self.device)].cpu()
+        self._changed[old[leaving]] = True
         old_slot = self._slot_of[new].long()
         was_hot = old_slot >= 0
         fast = torch.empty((new.numel(), self.width), device=self.device)
@@ -256,38 +265,69 @@ class TwoTierStore:
         self._slot_of[new] = torch.arange(new.numel(), dtype=torch.int32)
         self.fast, self.hot_ids = fast, new.to(self.device)
 
-    def save(self, path: str | Path, progress: bool = False) -> None:
-        """Write every stored row, from the tier holding it, as a float32 [num_rows, width]
-        ``.npy`` file, chunk by chunk (memory stays bounded), atomically."""
+    def save(self, directory: str | Path, progress: bool = False) -> None:
+        """Write every stored row, from the tier holding it, into the checkpoint directory
+        ``directory`` (``row_files``' layout), chunk by chunk (memory stays bounded).
+
+        When a checkpoint beside ``directory`` holds this store's base file and at most half
+        the rows changed since it, the base is hard-linked and only the changed rows (and
+        the fast tier's) are written; otherwise a full copy is written and becomes the base.
+        """
+        directory = Path(directory)
+        changed = self._changed.clone()
+        changed[self.hot_ids.cpu()] = True  # the fast tier's rows: their slow-tier copies are stale
+        base = find_base(directory, self._base) if self._base is not None else None
+        if base is not None and 2 * int(changed.sum()) <= self.num_rows and link_base(base, directory):
+            self._write_changed(directory, torch.nonzero(changed).flatten(), progress)
+            return
+        path = directory / BASE_FILE
         with atomic_path(path) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(self.num_rows, self.width))
-            for start, end in self._chunks("saving rows", progress):
+            for start, end in self._chunks(self.num_rows, "saving rows", progress):
                 out[start:end] = self.slow[start:end].numpy()
             out[self.hot_ids.cpu().numpy()] = self.fast.cpu().numpy()
             out.flush()
             del out
+        self._base = FileIdentity.of(path)
+        self._changed.zero_()
 
-    def load(self, path: str | Path, progress: bool = False) -> None:
-        """Replace every stored row by those of a file written by ``save`` (same shape)."""
-        try:
-            rows = np.load(path, mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise DistrecError(f"cannot read embedding rows from {str(path)!r} ({e}); pass a file written by save") from None
-        if rows.shape != (self.num_rows, self.width) or rows.dtype != np.float32:
+    def _write_changed(self, directory: Path, ids: torch.Tensor, progress: bool) -> None:
+        """Write rows ``ids`` (int64 ascending) and their current values as the changed rows."""
+        np.save(directory / CHANGED_IDS_FILE, ids.numpy())
+        out = np.lib.format.open_memmap(directory / CHANGED_FILE, mode="w+", dtype=np.float32, shape=(ids.numel(), self.width))
+        for start, end in self._chunks(ids.numel(), "saving changed rows", progress):
+            out[start:end] = self.slow[ids[start:end]].numpy()
+        out[np.searchsorted(ids.numpy(), self.hot_ids.cpu().numpy())] = self.fast.cpu().numpy()
+        out.flush()
+        del out
+
+    def load(self, directory: str | Path, progress: bool = False) -> None:
+        """Replace every stored row by those a checkpoint directory holds (``save``; same
+        shape); its base file becomes this store's base."""
+        saved = SavedRows(directory)
+        if saved.shape != (self.num_rows, self.width):
             raise DistrecError(
-                f"embedding rows in {str(path)!r} are {rows.dtype} {rows.shape}, expected float32 {(self.num_rows, self.width)}; "
+                f"embedding rows in {str(directory)!r} are float32 {saved.shape}, expected {(self.num_rows, self.width)}; "
                 "load them into a model with the same tables and optimizer"
             )
-        for start, end in self._chunks("loading rows", progress):
-            self.slow[start:end].numpy()[...] = rows[start:end]
+        chunk = self._chunk_rows()
+        for start, end, rows in tqdm(saved.chunks(chunk), total=-(-self.num_rows // chunk), unit="chunks", desc="loading rows", disable=not progress):
+            self.slow[start:end].numpy()[...] = rows
         self.fast = self._read_slow(self.hot_ids, self.width).to(self.device)
+        self._base = FileIdentity.of(saved.base_path)
+        self._changed.zero_()
+        self._changed[torch.from_numpy(saved.changed_ids)] = True
 
-    def _chunks(self, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
-        """Row ranges of about CHUNK_BYTES covering the table, with a progress bar."""
-        chunk = max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
-        with tqdm(total=self.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar:
-            for start in range(0, self.num_rows, chunk):
-                end = min(start + chunk, self.num_rows)
+    def _chunk_rows(self) -> int:
+        """Rows of about CHUNK_BYTES."""
+        return max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
+
+    def _chunks(self, total: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
+        """Ranges of about CHUNK_BYTES of rows covering ``total`` rows, with a progress bar."""
+        chunk = self._chunk_rows()
+        with tqdm(total=total, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar:
+            for start in range(0, total, chunk):
+                end = min(start + chunk, total)
                 yield start, end
                 bar.update(end - start)
 
@@ -307,6 +347,7 @@ class TwoTierStore:
         self.hot_ids = self.hot_ids.new_empty(0)
         self.slow = torch.empty((0, self.width))
         self._slot_of = torch.empty(0, dtype=torch.int32)
+        self._changed = torch.empty(0, dtype=torch.bool)
         if self.readahead is not None:
             self.readahead.close()
             self.readahead = None

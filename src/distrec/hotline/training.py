@@ -37,6 +37,7 @@ from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
+from distrec.hotline.row_files import BASE_FILE, SavedRows
 from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
 from distrec.tables import TableConfig
@@ -48,7 +49,6 @@ from distrec.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
-ROWS_FILE = "hotline-rows.npy"  # float32 [rows of all tables, dim + optimizer state]
 HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast tier's rows
 LOGGER_FILE = "hotline-logger.npz"
 
@@ -56,19 +56,17 @@ LOGGER_FILE = "hotline-logger.npz"
 def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
     """Fill an ordinary model (``build_model`` with the run's tables) from a Hotline checkpoint:
     ``state`` is ``HotlineTraining.state_dict()``, ``directory`` holds the files of ``save``.
-    The embedding weights are copied chunk by chunk from the rows file (memory-mapped)."""
-    rows_file = Path(directory) / ROWS_FILE
-    if not rows_file.is_file():
-        raise DistrecError(f"{str(directory)!r} has no {ROWS_FILE}; pass a checkpoint of a run trained with --hotline")
+    The embedding weights are copied chunk by chunk from the rows files (memory-mapped)."""
+    if not (Path(directory) / BASE_FILE).is_file():
+        raise DistrecError(f"{str(directory)!r} has no {BASE_FILE}; pass a checkpoint of a run trained with --hotline")
     model.load_state_dict(state["model"], strict=False)
-    rows = np.load(rows_file, mmap_mode="r")
+    saved = SavedRows(directory)
     weight = model.embeddings.weight
-    if rows.shape[0] != weight.shape[0] or rows.shape[1] < weight.shape[1]:
-        raise DistrecError(f"the Hotline rows in {str(rows_file)!r} do not fit the model's tables; use the run's own config")
-    chunk = max(1, CHUNK_BYTES // (rows.shape[1] * FLOAT_BYTES))
+    if saved.shape[0] != weight.shape[0] or saved.shape[1] < weight.shape[1]:
+        raise DistrecError(f"the Hotline rows in {str(directory)!r} do not fit the model's tables; use the run's own config")
     with torch.no_grad():
-        for start in range(0, rows.shape[0], chunk):
-            weight[start : start + chunk] = torch.from_numpy(np.array(rows[start : start + chunk, : weight.shape[1]]))
+        for start, end, rows in saved.chunks(max(1, CHUNK_BYTES // (saved.shape[1] * FLOAT_BYTES)), width=weight.shape[1]):
+            weight[start:end] = torch.from_numpy(rows)
 
 
 class HotlineTraining:
@@ -198,7 +196,7 @@ class HotlineTraining:
         """Write the rows of both tiers (weights and optimizer state), the hot set and the
         logger's entries into ``directory``, each file atomically, memory bounded."""
         directory = Path(directory)
-        self.embeddings.store.save(directory / ROWS_FILE, progress=self.progress)
+        self.embeddings.store.save(directory, progress=self.progress)
         with atomic_path(directory / HOT_IDS_FILE) as tmp, open(tmp, "wb") as f:
             np.save(f, self.embeddings.hot_ids.cpu().numpy())
         self.logger.save(directory / LOGGER_FILE)
@@ -206,12 +204,12 @@ class HotlineTraining:
     def load(self, directory: str | Path) -> None:
         """Continue from the files ``save`` wrote into ``directory`` (same tables and config)."""
         directory = Path(directory)
-        missing = [name for name in (ROWS_FILE, HOT_IDS_FILE, LOGGER_FILE) if not (directory / name).is_file()]
+        missing = [name for name in (BASE_FILE, HOT_IDS_FILE, LOGGER_FILE) if not (directory / name).is_file()]
         if missing:
             raise DistrecError(f"{str(directory)!r} has no {missing[0]}; resume a run that was trained with --hotline")
         hot_ids = np.load(directory / HOT_IDS_FILE)
         self.pipeline.use_hot_set(HotSet.from_global_ids(hot_ids, self.embeddings.space, self.budget_bytes))
-        self.embeddings.store.load(directory / ROWS_FILE, progress=self.progress)
+        self.embeddings.store.load(directory, progress=self.progress)
         try:
             self.logger.load(directory / LOGGER_FILE)
         except DistrecError as e:  # e.g. the older 13-byte entries, or another hotline.logger_size

@@ -70,6 +70,28 @@ def file_checksum(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _checksums(directory: Path) -> dict[str, str]:
+    """SHA-256 of every file in a checkpoint directory being built. A file hard-linked from
+    a checkpoint beside it (Hotline's base rows, maybe larger than RAM) takes the checksum
+    that checkpoint's metadata recorded for it instead of being read again."""
+    return {f.name: _linked_checksum(f) or file_checksum(f) for f in sorted(directory.iterdir()) if f.is_file()}
+
+
+def _linked_checksum(path: Path) -> str | None:
+    if path.stat().st_nlink < 2:
+        return None
+    for other in sorted(path.parent.parent.glob(f"*/{path.name}")):
+        try:
+            if other.parent == path.parent or not other.samefile(path):
+                continue
+            digest = json.loads((other.parent / META_FILE).read_bytes()).get(CHECKSUMS, {}).get(path.name)
+        except (OSError, ValueError, AttributeError):  # removed meanwhile, or not a checkpoint
+            continue
+        if isinstance(digest, str):
+            return digest
+    return None
+
+
 def _tensor_bytes(state: Any) -> int:
     """Bytes of the tensor storages in a (nested) state, each storage counted once."""
     seen: dict[int, int] = {}
@@ -135,7 +157,7 @@ def save_checkpoint(
             torch.save(state, tmp / state_file(rank))
         if write_files is not None:
             write_files(tmp)
-        _write_meta(tmp, meta, {f.name: file_checksum(f) for f in sorted(tmp.iterdir()) if f.is_file()})
+        _write_meta(tmp, meta, _checksums(tmp))
     return target
 
 

@@ -1,0 +1,118 @@
+"""A checkpoint's embedding rows on disk: a base file shared between checkpoints, plus the rows changed since.
+
+A table larger than RAM cannot be copied whole at every save: the live table, the previous
+checkpoint and the new one would need three times its size on disk. So a checkpoint's rows
+are two parts:
+
+- ``hotline-rows.npy``: float32 [num_rows, width], every row as it was when some save
+  wrote this file. Later checkpoints of the same run hard-link it (no bytes copied; the
+  file is never written again), so ``checkpoint/`` and ``best/`` share one copy.
+- ``hotline-rows-changed-ids.npy`` (int64 [n], ascending) and ``hotline-rows-changed.npy``
+  (float32 [n, width]): the rows that differ from the base, with their values at this
+  save. Absent when the base is this save's own full copy (and in older checkpoints).
+
+The rows of the checkpoint are the base with the changed rows put over it (``SavedRows``).
+The writer is ``TwoTierStore.save``, which tracks what changed since its base.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from distrec.errors import DistrecError
+
+BASE_FILE = "hotline-rows.npy"
+CHANGED_IDS_FILE = "hotline-rows-changed-ids.npy"
+CHANGED_FILE = "hotline-rows-changed.npy"
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells one file apart from any other and from its own later versions: device,
+    inode, size (bytes) and modification time (ns). Hard links share it."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity:
+        s = path.stat()
+        return cls(s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+
+
+def find_base(directory: Path, identity: FileIdentity) -> Path | None:
+    """The base file with ``identity`` among the checkpoints beside ``directory`` (its
+    siblings, where a checkpoint being written next to the earlier ones finds them), if any."""
+    for candidate in sorted(directory.parent.glob(f"*/{BASE_FILE}")):
+        try:
+            if FileIdentity.of(candidate) == identity:
+                return candidate
+        except OSError:  # removed meanwhile (an old checkpoint being replaced)
+            continue
+    return None
+
+
+def link_base(base: Path, directory: Path) -> bool:
+    """Hard-link ``base`` as ``directory``'s base file; False when the file system cannot
+    (another device, no hard links), so the caller writes a full copy instead."""
+    try:
+        os.link(base, directory / BASE_FILE)
+    except OSError:
+        return False
+    return True
+
+
+class SavedRows:
+    """The rows a checkpoint directory holds, read chunk by chunk (memory stays bounded).
+
+    Attributes:
+        base: the base file, memory-mapped read-only, float32 [num_rows, width].
+        changed_ids: int64 [n], ascending: the rows that differ from the base.
+        changed: float32 [n, width], memory-mapped: their values.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        self.base_path = directory / BASE_FILE
+        damaged = f"the embedding rows in {str(directory)!r} are damaged; resume from another checkpoint"
+        try:
+            self.base = np.load(self.base_path, mmap_mode="r")
+            if self.base.ndim != 2 or self.base.dtype != np.float32:
+                raise DistrecError(damaged)
+            if (directory / CHANGED_IDS_FILE).is_file():
+                self.changed_ids = np.load(directory / CHANGED_IDS_FILE)
+                self.changed = np.load(directory / CHANGED_FILE, mmap_mode="r")
+            else:
+                self.changed_ids = np.empty(0, np.int64)
+                self.changed = np.empty((0, self.base.shape[1]), np.float32)
+        except (OSError, ValueError) as e:
+            raise DistrecError(f"cannot read the embedding rows in {str(directory)!r} ({e}); pass a checkpoint directory of a --hotline run") from None
+        if self.changed.shape != (self.changed_ids.size, self.base.shape[1]) or self.changed.dtype != np.float32:
+            raise DistrecError(damaged)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, floats per row)."""
+        return self.base.shape
+
+    def rows(self, start: int, end: int, width: int | None = None) -> np.ndarray:
+        """Rows ``[start, end)``, float32 [end - start, width] (default: every float): the
+        base with the changed rows put over it."""
+        width = self.base.shape[1] if width is None else width
+        rows = np.array(self.base[start:end, :width])
+        lo, hi = np.searchsorted(self.changed_ids, [start, end])
+        rows[self.changed_ids[lo:hi] - start] = self.changed[lo:hi, :width]
+        return rows
+
+    def chunks(self, chunk_rows: int, width: int | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(start, end, self.rows(start, end, width))`` covering the table in order."""
+        for start in range(0, self.base.shape[0], chunk_rows):
+            end = min(start + chunk_rows, self.base.shape[0])
+            yield start, end, self.rows(start, end, width)
