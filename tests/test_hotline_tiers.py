@@ -206,3 +206,24 @@ def test_load_rejects_rows_of_another_shape(tmp_path):
     store, _ = make_store(tmp_path, "host")
     with store, pytest.raises(DistrecError, match="expected"):
         store.load(tmp_path)
+
+
+def test_rows_are_initialised_on_first_use_and_never_when_a_load_comes_first(tmp_path):
+    calls = []
+
+    def init(start: int, end: int) -> torch.Tensor:
+        calls.append((start, end))
+        return torch.full((end - start, WIDTH), 2.0)
+
+    with TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=init, slow="disk", directory=tmp_path / "a") as store:
+        assert calls == []
+        assert torch.equal(store.gather(torch.tensor([4])), torch.full((1, WIDTH), 2.0))
+        store.gather(torch.tensor([5]))
+        assert calls == [(0, ROWS)]
+        (tmp_path / "ckpt").mkdir()
+        store.save(tmp_path / "ckpt")
+    calls.clear()
+    with TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=init, slow="disk", directory=tmp_path / "b") as resumed:
+        resumed.load(tmp_path / "ckpt")  # a resumed run: every row comes from the checkpoint
+        assert torch.equal(resumed.slow, torch.full((ROWS, WIDTH), 2.0))
+    assert calls == []

@@ -140,9 +140,11 @@ class HotlineEmbeddingBagCollection(nn.Module):
 
     @classmethod
     def from_embedding_bags(cls, ebc: EmbeddingBagCollection, **kwargs: object) -> HotlineEmbeddingBagCollection:
-        """A Hotline copy of a models' EmbeddingBagCollection (its weights, zero optimizer state)."""
+        """A Hotline copy of a models' EmbeddingBagCollection (its weights now, zero optimizer state)."""
         weight = ebc.weight.detach()
-        return cls(ebc.tables, weight.device, init=lambda start, end: weight[start:end], **kwargs)
+        hotline = cls(ebc.tables, weight.device, init=lambda start, end: weight[start:end], **kwargs)
+        hotline.store.initialise()  # copied before the caller changes ``ebc``
+        return hotline
 
     @property
     def num_features(self) -> int:

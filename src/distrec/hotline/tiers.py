@@ -30,6 +30,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,7 +126,8 @@ class TwoTierStore:
         num_rows: rows of all tables.
         width: float32 per stored row (embedding dim plus optimizer state).
         device: the model's device; the fast tier lives there.
-        init: fills rows ``[start, end)``; called in chunks of about ``CHUNK_BYTES``.
+        init: fills rows ``[start, end)``; called in chunks of about ``CHUNK_BYTES`` when the
+            slow tier is first used, never when ``load`` comes first (a resumed run).
         slow: ``"disk"`` (memory-mapped scratch file), ``"host"`` (host memory, pinned for
             CUDA) or ``"auto"`` (host for an accelerator, disk for the host or with ``slow_file``).
         directory: where the disk tier's scratch file goes (default: the system temp dir).
@@ -170,24 +172,37 @@ class TwoTierStore:
         self.slow_directory = None if slow != "disk" else Path(slow_file).parent if slow_file is not None else Path(directory or tempfile.gettempdir())
         self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
         if slow_file is not None:
-            self.slow = torch.from_numpy(map_table_file(slow_file, num_rows, width))
+            self._slow = torch.from_numpy(map_table_file(slow_file, num_rows, width))
         elif self.slow_directory is not None:
-            self.slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
+            self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
         else:
-            self.slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
+            self._slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
         if self.slow_directory is not None and readahead:
-            self.readahead = RowReadahead(self.slow)
+            self.readahead = RowReadahead(self._slow)
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.fast = torch.empty((0, width), device=self.device)
         self._slot_of = torch.full((num_rows,), NOT_HOT, dtype=torch.int32)
         self._base: FileIdentity | None = None  # the rows file this store last saved in full or loaded
         self._changed = torch.zeros(num_rows, dtype=torch.bool)  # slow-tier rows written since that file
-        if slow_file is None:
-            self._fill(init, progress)
+        self._init = None if slow_file is not None else init  # until the slow tier is first used
+        self._progress = progress
+        self._init_lock = threading.Lock()  # the prefetch worker may be the first user
 
-    def _fill(self, init: RowInit, progress: bool) -> None:
-        for start, end in self._chunks(self.num_rows, "slow tier", progress):
-            self.slow[start:end] = init(start, end)
+    @property
+    def slow(self) -> torch.Tensor:
+        """The slow tier, float32 [num_rows, width] (row i = global row i; hot rows' copies
+        stale), initialised on first use."""
+        if self._init is not None:
+            self.initialise()
+        return self._slow
+
+    def initialise(self) -> None:
+        """Make the initial rows now (``init``) if nothing has yet: use, load or this."""
+        with self._init_lock:
+            if self._init is not None:
+                for start, end in self._chunks(self.num_rows, "slow tier", self._progress):
+                    self._slow[start:end] = self._init(start, end)
+                self._init = None
 
     @property
     def fast_bytes(self) -> int:
@@ -197,7 +212,7 @@ class TwoTierStore:
     @property
     def slow_bytes(self) -> int:
         """Bytes of the slow tier: a slot for every row (hot rows' slots are stale)."""
-        return self.slow.numel() * FLOAT_BYTES
+        return self._slow.numel() * FLOAT_BYTES
 
     def slots(self, ids: torch.Tensor) -> torch.Tensor:
         """Fast-tier slot of each of the global rows ``ids``, -1 for rows in the slow tier:
@@ -310,6 +325,7 @@ class TwoTierStore:
                 f"embedding rows in {str(directory)!r} are float32 {saved.shape}, expected {(self.num_rows, self.width)}; "
                 "load them into a model with the same tables and optimizer"
             )
+        self._init = None  # every row is replaced: no initial values to make
         chunk = self._chunk_rows()
         for start, end, rows in tqdm(saved.chunks(chunk), total=-(-self.num_rows // chunk), unit="chunks", desc="loading rows", disable=not progress):
             self.slow[start:end].numpy()[...] = rows
@@ -345,7 +361,8 @@ class TwoTierStore:
         """Release both tiers (the disk tier's file is already unlinked; its blocks are freed)."""
         self.fast = self.fast.new_empty((0, self.width))
         self.hot_ids = self.hot_ids.new_empty(0)
-        self.slow = torch.empty((0, self.width))
+        self._slow = torch.empty((0, self.width))
+        self._init = None
         self._slot_of = torch.empty(0, dtype=torch.int32)
         self._changed = torch.empty(0, dtype=torch.bool)
         if self.readahead is not None:
