@@ -208,8 +208,8 @@ class HotlineTraining:
         if missing:
             raise DistrecError(f"{str(directory)!r} has no {missing[0]}; resume a run that was trained with --hotline")
         hot_ids = np.load(directory / HOT_IDS_FILE)
+        self.embeddings.store.load(directory, progress=self.progress)  # first: the rows are never initialised
         self.pipeline.use_hot_set(HotSet.from_global_ids(hot_ids, self.embeddings.space, self.budget_bytes))
-        self.embeddings.store.load(directory, progress=self.progress)
         try:
             self.logger.load(directory / LOGGER_FILE)
         except DistrecError as e:  # e.g. the older 13-byte entries, or another hotline.logger_size
