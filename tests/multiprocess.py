@@ -1,8 +1,9 @@
 """Run a test function in N real processes joined by a gloo process group.
 
-The ranks are forked from a fork server that has imported torch and distrec once (about 3 s
-of CPU per process otherwise, most of a short multi-process test on 2 cores); each rank
-then takes the caller's current environment, as a spawned process would.
+The ranks are forked from a fork server that has imported torch and distrec once, instead
+of each importing them again (seconds of CPU per process, most of a short multi-process
+test on 2 cores); each rank then takes the caller's current environment, as a spawned
+process would.
 """
 
 from __future__ import annotations
