@@ -26,7 +26,9 @@ a paired t-test and a Wilcoxon signed-rank test) and, last, one JSON object: ``a
 data set, compression ratio and model, ``dmt_minus_baseline`` (the paired differences),
 ``partitioner_p_value_vs_naive`` per data set (benchmarks/tower_partitioner.py's
 ``partitioner_study`` over ``--partitioner-seeds`` seeds, towers ``tp`` vs ``naive`` only:
-two-sided Mann-Whitney, as the paper's Table 6), and every AUC under ``results``.
+two-sided Mann-Whitney, as the paper's Table 6; its DMT-DLRM sends only mixed vectors
+across hosts, c = 0, p = 1, formed with the tower's own dot products, where the tower
+choice decides what survives compression: docs/dmt.md), and every AUC under ``results``.
 Writes OUT/dmt_quality.json and OUT/dmt_quality.png.
 
     python benchmarks/dmt_quality.py --compression 2 4          # MovieLens + Criteo samples, 5 seeds, 10 partitioner seeds
@@ -218,7 +220,7 @@ def partitioner_p_values(args: argparse.Namespace) -> dict[str, dict]:
     """benchmarks/tower_partitioner.py's study with its towers ``tp`` and ``naive`` only: per
     data set, their AUC mean and sd over ``--partitioner-seeds`` seeds and the two-sided
     Mann-Whitney p-value of tp vs naive."""
-    options = tower_partitioner.StudyOptions(epochs=1 if args.quick else None)
+    options = tower_partitioner.StudyOptions(tower_c=0, tower_interaction=True, epochs=1 if args.quick else None)
     study = tower_partitioner.partitioner_study(args.partitioner_datasets or args.datasets, args.partitioner_seeds, options, ("tp", "naive"))
     return {
         name: {

@@ -29,6 +29,7 @@ uses it); run as a script it prints a table and, last, one JSON object.
     python benchmarks/tower_partitioner.py                       # 3 data sets, 10 seeds
     python benchmarks/tower_partitioner.py --quick               # 2 seeds, 1 epoch
     python benchmarks/tower_partitioner.py --datasets planted --seeds 4
+    python benchmarks/tower_partitioner.py --datasets planted --methods tp naive oracle --tower-c 0 --tower-interaction
     python benchmarks/tower_partitioner.py --datasets criteo --stability 8 --lr 0.003 --embedding-lr 0.03
 """
 
@@ -117,6 +118,7 @@ class StudyOptions:
     tower_dim: int = 8
     tower_c: int = 1
     tower_p: int = 1
+    tower_interaction: bool = False  # the tower module's mix also reads the tower's pairwise dot products
     batch_size: int = 512
     sample_rows: int = 2048
     epochs: int | None = None  # None: each data set's own
@@ -215,7 +217,14 @@ def run_dataset(name: str, seeds: int, options: StudyOptions, methods: Sequence[
     cfg, dataset, tables, split = load_study_data(name, options)
     epochs, lr, embedding_lr = options.epochs or study.epochs, options.lr or study.lr, options.embedding_lr or study.embedding_lr
     names = [t.name for t in tables]
-    dmt_model = dataclasses.replace(cfg.model, tower_module="dlrm", tower_dim=options.tower_dim, tower_c=options.tower_c, tower_p=options.tower_p)
+    dmt_model = dataclasses.replace(
+        cfg.model,
+        tower_module="dlrm",
+        tower_dim=options.tower_dim,
+        tower_c=options.tower_c,
+        tower_p=options.tower_p,
+        tower_interaction=options.tower_interaction,
+    )
     planted = interaction_groups(cfg.data.synthetic) if cfg.data.format == "synthetic" else None
     methods = [m for m in methods if m != "oracle" or planted is not None]
     device = torch.device("cpu")

@@ -40,11 +40,18 @@ def test_tower_embeddings_apply_each_tower_to_its_features_and_cut_vectors_of_wi
     torch.testing.assert_close(out.flatten(1), expected)
 
 
+SPECS = {
+    "dlrm": TowerModuleSpec("dlrm", dim=4),
+    "dlrm-interaction": TowerModuleSpec("dlrm", dim=4, c=0, p=2, interaction=True),
+    "dcn": TowerModuleSpec("dcn", dim=4),
+}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kind", ["dlrm", "dcn"])
+@pytest.mark.parametrize("kind", SPECS)
 def test_dmt_models_train_tower_modules_as_dense_parameters(arch, kind):
     torch.manual_seed(0)
-    model = ARCHS[arch](TowerLayout(TOWERS, TowerModuleSpec(kind, dim=4)))
+    model = ARCHS[arch](TowerLayout(TOWERS, SPECS[kind]))
     batch = _batch()
     assert model(batch).shape == (6,)
     sparse = {id(p) for p in model.sparse_parameters()}

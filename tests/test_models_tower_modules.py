@@ -35,6 +35,19 @@ def test_dlrm_tower_per_feature_part_projects_each_feature_with_shared_weights()
     torch.testing.assert_close(out[:, :3], module.mix(embs.reshape(ROWS, F * N)))
 
 
+def test_dlrm_tower_interaction_mixes_the_towers_pairwise_dot_products_with_the_flat_embeddings():
+    module = DlrmTowerModule(F, N, dim=3, c=1, p=2, interaction=True)
+    embs = _embs()
+    out = module(embs)
+    assert out.shape == (ROWS, 3 * (F + 2)) == (ROWS, TowerModuleSpec("dlrm", 3, 1, 2, interaction=True).output_dim(F))
+    dots = [embs[:, i] @ embs[:, j].T for i in range(F) for j in range(i + 1, F)]  # [ROWS, ROWS] each
+    expected = torch.cat([embs.reshape(ROWS, F * N), torch.stack([d.diagonal() for d in dots], dim=1)], dim=1)
+    torch.testing.assert_close(out[:, :6], module.mix(expected))
+    assert module.mix.in_features == F * N + F * (F - 1) // 2
+    linear = DlrmTowerModule(F, N, dim=3, c=1, p=2)
+    assert linear.mix.in_features == F * N and "pair_rows" not in linear.state_dict()  # not in checkpoints
+
+
 def test_dcn_tower_output_is_f_times_d_and_crossnet_is_the_identity_at_zero_weights():
     module = DcnTowerModule(F, N, dim=2, cross_layers=2)
     assert module(_embs()).shape == (ROWS, F * 2) and module.output_dim == F * 2
@@ -89,6 +102,8 @@ def test_mflops_and_parameters_match_the_formulas():
         (dict(kind="mlp", dim=4), "unknown tower module"),
         (dict(kind="dlrm", dim=0), "invalid"),
         (dict(kind="dlrm", dim=4, c=0, p=0), "invalid"),
+        (dict(kind="dlrm", dim=4, c=1, p=0, interaction=True), "p >= 1"),
+        (dict(kind="dcn", dim=4, interaction=True), "dlrm tower module"),
     ],
 )
 def test_spec_errors(kwargs, message):

@@ -65,7 +65,9 @@ class ModelConfig:
     (``distrec.models.dmt``): one tower module per tower of ``parallel.towers`` maps the
     tower's pooled embeddings to vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
     ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
-    the DLRM tower's c and p, ``tower_cross_layers`` the DCN tower's cross layers.
+    the DLRM tower's c and p, ``tower_cross_layers`` the DCN tower's cross layers,
+    ``tower_interaction`` whether the DLRM tower's mixed outputs also read the tower's pairwise
+    dot products (``distrec.models.tower_modules``).
     """
 
     preset: str = "dlrm-kaggle"
@@ -85,6 +87,7 @@ class ModelConfig:
     tower_c: int = 1
     tower_p: int = 1
     tower_cross_layers: int = 2
+    tower_interaction: bool = False
 
 
 @dataclass

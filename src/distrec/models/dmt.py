@@ -36,8 +36,10 @@ def tower_spec(model_cfg: ModelConfig, tower_sizes: Sequence[int]) -> TowerModul
     """The tower-module design ``model_cfg`` asks for, for towers of ``tower_sizes`` features."""
     m = model_cfg
     if m.tower_dim is not None:
-        return TowerModuleSpec(m.tower_module, m.tower_dim, m.tower_c, m.tower_p, m.tower_cross_layers)
-    return TowerModuleSpec.for_compression(m.tower_module, tower_sizes, m.embedding_dim, m.tower_compression, m.tower_c, m.tower_p, m.tower_cross_layers)
+        return TowerModuleSpec(m.tower_module, m.tower_dim, m.tower_c, m.tower_p, m.tower_cross_layers, m.tower_interaction)
+    return TowerModuleSpec.for_compression(
+        m.tower_module, tower_sizes, m.embedding_dim, m.tower_compression, m.tower_c, m.tower_p, m.tower_cross_layers, m.tower_interaction
+    )
 
 
 @dataclass(frozen=True)

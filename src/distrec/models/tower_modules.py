@@ -6,7 +6,11 @@ A tower of F features with embedding dimension N enters as ``[rows, F, N]`` and 
 
 - DLRM tower: ``o1 = Linear(F*N -> p*D)(flat)`` mixes all the tower's features,
   ``o2 = Linear(N -> c*D)`` projects each feature alone (shared weights), output
-  ``cat(o1, o2)`` of width ``D * (c*F + p)``.
+  ``cat(o1, o2)`` of width ``D * (c*F + p)``. With ``interaction``, ``o1`` also reads the
+  tower's own F(F-1)/2 pairwise dot products (``Linear(F*N + F(F-1)/2 -> p*D)``): the
+  interactions inside the tower are formed before compression, the "hierarchical feature
+  interaction" of the paper's abstract (a linear ``o1`` cannot form them, so with c = 0
+  features that interact gain from being in different towers, not the same one).
 - DCN tower: a small CrossNet (``distrec.models.interaction``) on the flat ``F*N`` vector,
   then ``Linear(F*N -> F*D)``.
 
@@ -36,20 +40,28 @@ TOWER_KINDS = ("dlrm", "dcn")
 
 
 class DlrmTowerModule(nn.Module):
-    """DLRM tower module: ``cat(Linear(F*N -> p*D)(flat), Linear(N -> c*D)(each feature))``."""
+    """DLRM tower module: ``cat(Linear(F*N -> p*D)(flat), Linear(N -> c*D)(each feature))``;
+    with ``interaction`` the mix also reads the tower's pairwise dot products."""
 
-    def __init__(self, num_features: int, embedding_dim: int, dim: int, c: int = 1, p: int = 1) -> None:
+    def __init__(self, num_features: int, embedding_dim: int, dim: int, c: int = 1, p: int = 1, interaction: bool = False) -> None:
         super().__init__()
         self.num_features, self.embedding_dim = num_features, embedding_dim
         self.output_dim = dim * (c * num_features + p)
-        self.mix = nn.Linear(num_features * embedding_dim, p * dim) if p > 0 else None
+        rows, cols = torch.triu_indices(num_features, num_features, offset=1) if interaction else torch.empty(2, 0, dtype=torch.long)
+        self.register_buffer("pair_rows", rows, persistent=False)
+        self.register_buffer("pair_cols", cols, persistent=False)
+        self.mix = nn.Linear(num_features * embedding_dim + rows.numel(), p * dim) if p > 0 else None
         self.project = nn.Linear(embedding_dim, c * dim) if c > 0 else None
 
     def forward(self, embs: torch.Tensor) -> torch.Tensor:
         """``[rows, F, N]`` -> ``[rows, D*(c*F + p)]``."""
         parts = []
         if self.mix is not None:
-            parts.append(self.mix(embs.flatten(1)))
+            flat = embs.flatten(1)
+            if self.pair_rows.numel():
+                dots = torch.bmm(embs, embs.transpose(1, 2))[:, self.pair_rows, self.pair_cols]  # [rows, F(F-1)/2]
+                flat = torch.cat([flat, dots], dim=1)
+            parts.append(self.mix(flat))
         if self.project is not None:
             parts.append(self.project(embs).flatten(1))
         return torch.cat(parts, dim=1)
@@ -80,6 +92,8 @@ class TowerModuleSpec:
         c: DLRM only: outputs of width D per feature.
         p: DLRM only: outputs of width D mixing all features.
         cross_layers: DCN only: cross layers before the projection.
+        interaction: DLRM only: the mixed outputs also read the tower's pairwise dot
+            products (needs p >= 1).
     """
 
     kind: str
@@ -87,6 +101,7 @@ class TowerModuleSpec:
     c: int = 1
     p: int = 1
     cross_layers: int = 2
+    interaction: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in TOWER_KINDS:
@@ -96,6 +111,8 @@ class TowerModuleSpec:
                 f"tower module dim={self.dim}, c={self.c}, p={self.p}, cross_layers={self.cross_layers} is invalid; "
                 "use dim >= 1, c and p >= 0 with c + p >= 1, cross_layers >= 0"
             )
+        if self.interaction and (self.kind != "dlrm" or self.p < 1):
+            raise DistrecError("the tower interaction feeds the DLRM tower's mixed outputs: use the dlrm tower module with tower p >= 1, or drop it")
 
     def output_dim(self, num_features: int) -> int:
         """Output width (floats per sample) of a tower of ``num_features`` features."""
@@ -104,7 +121,7 @@ class TowerModuleSpec:
     def build(self, num_features: int, embedding_dim: int, device: torch.device | str | None = None) -> nn.Module:
         """The module for a tower of ``num_features`` features of dimension ``embedding_dim``."""
         if self.kind == "dlrm":
-            module = DlrmTowerModule(num_features, embedding_dim, self.dim, self.c, self.p)
+            module = DlrmTowerModule(num_features, embedding_dim, self.dim, self.c, self.p, self.interaction)
         else:
             module = DcnTowerModule(num_features, embedding_dim, self.dim, self.cross_layers)
         return module.to(device)
@@ -119,6 +136,7 @@ class TowerModuleSpec:
         c: int = 1,
         p: int = 1,
         cross_layers: int = 2,
+        interaction: bool = False,
     ) -> TowerModuleSpec:
         """The spec whose D comes closest to ``compression`` x fewer floats crossing hosts."""
         if compression <= 0:
@@ -129,7 +147,7 @@ class TowerModuleSpec:
             dim = features * embedding_dim / (compression * max(units, 1))
         else:
             dim = embedding_dim / compression
-        return cls(kind, max(1, round(dim)), c, p, cross_layers)
+        return cls(kind, max(1, round(dim)), c, p, cross_layers, interaction)
 
 
 def compression_ratio(spec: TowerModuleSpec, host_feature_counts: Sequence[int], embedding_dim: int) -> float:
