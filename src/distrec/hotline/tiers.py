@@ -289,12 +289,13 @@ class TwoTierStore:
         the fast tier's) are written; otherwise a full copy is written and becomes the base.
         """
         directory = Path(directory)
-        changed = self._changed.clone()
-        changed[self.hot_ids.cpu()] = True  # the fast tier's rows: their slow-tier copies are stale
         base = find_base(directory, self._base) if self._base is not None else None
-        if base is not None and 2 * int(changed.sum()) <= self.num_rows and link_base(base, directory):
-            self._write_changed(directory, torch.nonzero(changed).flatten(), progress)
-            return
+        if base is not None:
+            changed = self._changed.clone()
+            changed[self.hot_ids.cpu()] = True  # the fast tier's rows: their slow-tier copies are stale
+            if 2 * int(changed.sum()) <= self.num_rows and link_base(base, directory):
+                self._write_changed(directory, torch.nonzero(changed).flatten(), progress)
+                return
         path = directory / BASE_FILE
         with atomic_path(path) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(self.num_rows, self.width))
@@ -326,21 +327,16 @@ class TwoTierStore:
                 "load them into a model with the same tables and optimizer"
             )
         self._init = None  # every row is replaced: no initial values to make
-        chunk = self._chunk_rows()
-        for start, end, rows in tqdm(saved.chunks(chunk), total=-(-self.num_rows // chunk), unit="chunks", desc="loading rows", disable=not progress):
-            self.slow[start:end].numpy()[...] = rows
+        for start, end in self._chunks(self.num_rows, "loading rows", progress):
+            self.slow[start:end].numpy()[...] = saved.rows(start, end)
         self.fast = self._read_slow(self.hot_ids, self.width).to(self.device)
         self._base = FileIdentity.of(saved.base_path)
         self._changed.zero_()
         self._changed[torch.from_numpy(saved.changed_ids)] = True
 
-    def _chunk_rows(self) -> int:
-        """Rows of about CHUNK_BYTES."""
-        return max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
-
     def _chunks(self, total: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
         """Ranges of about CHUNK_BYTES of rows covering ``total`` rows, with a progress bar."""
-        chunk = self._chunk_rows()
+        chunk = max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
         with tqdm(total=total, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar:
             for start in range(0, total, chunk):
                 end = min(start + chunk, total)
