@@ -17,8 +17,9 @@ import torch
 
 from distrec.cli import main
 from distrec.errors import DistrecError
-from distrec.hotline.row_files import SavedRows
+from distrec.hotline.row_files import BASE_FILE, SavedRows
 from distrec.hotline.tiers import TwoTierStore
+from distrec.train.evaluate import evaluate_checkpoint, load_trained_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import hotline_beyond_ram as bench  # noqa: E402
@@ -79,6 +80,17 @@ RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.s
        "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
 
 
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file this process maps at ``tensor``'s first byte (``/proc/self/maps``), if any."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        start, end = (int(a, 16) for a in span.split("-"))
+        if start <= address < end:
+            return rest[4] if len(rest) == 5 else None
+    return None
+
+
 def test_distrec_train_hotline_trains_in_a_table_file_and_resumes(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
     start = np.random.default_rng(0).uniform(-0.1, 0.1, (ROWS, DIM)).astype(np.float32)
@@ -100,6 +112,15 @@ def test_distrec_train_hotline_trains_in_a_table_file_and_resumes(tmp_path, caps
     cold = np.setdiff1d(np.arange(ROWS), hot)
     np.testing.assert_array_equal(trained[cold], rows["whole"][cold])  # hot rows' file copies are stale until they leave
     assert not np.array_equal(trained[cold], start[cold])
+    # what distrec evaluate uses: the saved rows mapped (base, changed rows over it), not read into memory
+    model, *_ = load_trained_model(tmp_path / "halves", torch.device("cpu"))
+    weight = model.embeddings.weight.detach()
+    assert mapped_file(weight) == str((tmp_path / "halves" / "checkpoint" / BASE_FILE).resolve())
+    np.testing.assert_array_equal(weight.numpy(), rows["halves"])
+    base = np.load(tmp_path / "halves" / "checkpoint" / BASE_FILE)
+    scores = [evaluate_checkpoint(tmp_path / name, None, None, progress=False) for name in ("whole", "halves")]
+    assert scores[0]["auc"] == scores[1]["auc"] and scores[0]["logloss"] == scores[1]["logloss"]
+    np.testing.assert_array_equal(np.load(tmp_path / "halves" / "checkpoint" / BASE_FILE), base)  # evaluating writes no saved row
 
 
 def test_a_table_file_of_the_wrong_size_or_with_a_host_tier_is_refused(tmp_path):

@@ -135,8 +135,8 @@ def test_save_and_load_keep_every_row_of_both_tiers(tmp_path):
 
 
 def saved(directory) -> torch.Tensor:
-    """The rows a checkpoint directory holds, base and changed rows together (read in chunks of 7 rows)."""
-    return torch.from_numpy(np.concatenate([rows for _, _, rows in SavedRows(directory).chunks(7)]))
+    """The rows a checkpoint directory holds, base and changed rows together (as ``distrec evaluate`` maps them)."""
+    return torch.from_numpy(np.array(SavedRows(directory).mapped()))
 
 
 def test_a_save_beside_the_last_links_its_base_and_writes_only_the_changed_rows(tmp_path):

@@ -137,6 +137,19 @@ def test_embedding_gradient_entries_per_lookup_when_single_hot_and_per_row_when_
     assert ebc.weight.grad._indices()[0].tolist() == sorted(set(shifted.tolist()))  # one entry per distinct row
 
 
+def test_embedding_bags_over_given_rows_use_them_in_place_and_pool_them():
+    rows = torch.arange(21 * 6, dtype=torch.float32).view(21, 6)[:, :4]  # strided, as a mapped file with row state
+    ebc = EmbeddingBagCollection(TABLES, weight=rows)
+    assert ebc.weight.data_ptr() == rows.data_ptr() and torch.equal(ebc.weight, rows)  # neither copied nor re-initialised
+    batch = random_batch(TABLES, batch_size=5, num_dense=1, max_bag=3, seed=2)
+    copied = EmbeddingBagCollection(TABLES)
+    with torch.no_grad():
+        copied.weight.copy_(rows)
+    assert torch.equal(ebc(batch), copied(batch))
+    with pytest.raises(DistrecError, match=r"embedding rows of shape \(20, 4\) do not fit tables of 21 rows of dim 4"):
+        EmbeddingBagCollection(TABLES, weight=torch.zeros(20, 4))
+
+
 def test_embedding_gradients_of_two_backward_passes_accumulate():
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(TABLES)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from distrec.cli import main
+from distrec.errors import DistrecError
 from distrec.train.evaluate import load_trained_model
 from test_cli import ANNOUNCED_RUN
 from tiny_runs import tiny_cli_flags
@@ -103,6 +104,8 @@ def test_evaluate_without_data_scores_the_runs_own_holdout(tmp_path, capsys):
     result = evaluate_checkpoint(tmp_path / "run", None, None, progress=False)
     assert result["scored"] == "the run's val split" and result["rows"] == summary["val_rows"] < 600
     assert result["auc"] == pytest.approx(summary["auc"], abs=1e-6)
+    with pytest.raises(DistrecError, match="the run kept no test rows .* score --split val or all"):
+        evaluate_checkpoint(tmp_path / "run", None, None, progress=False, split="test")
 
 
 def test_a_hotline_run_that_ends_before_its_first_hot_set_says_so(tmp_path, capsys, caplog):

@@ -17,7 +17,6 @@ from distrec.config import RunConfig, check_combination
 from distrec.errors import DistrecError
 from distrec.hotline.replicated_mode import ReplicatedHotline
 from distrec.hotline.tiers_mode import HotlineTiers
-from distrec.models.base import RecommendationModel
 from distrec.parallel.local import LocalEmbeddings
 from distrec.parallel.mode import ParallelMode
 from distrec.parallel.sharded import Sharded
@@ -59,9 +58,10 @@ def check_mode(cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> ty
     return mode
 
 
-def restore_saved_model(model: RecommendationModel, checkpoint: Path, own: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Fill a one-process ``model`` from a checkpoint of any mode (``own``: its rank 0 state)."""
+def saved_by(checkpoint: Path, own: dict[str, Any], meta: dict[str, Any]) -> type[ParallelMode]:
+    """The kind of mode that wrote a checkpoint (``own``: its rank 0 state), which restores a
+    one-process model from it (``restored_tables``, ``restore_model``)."""
     writer = next((mode for mode in MODES if mode.wrote(own, meta)), None)
     if writer is None:
         raise DistrecError(f"checkpoint {str(checkpoint)!r} was written by no mode this distrec knows; use the distrec that wrote it")
-    writer.restore_model(model, checkpoint, own, meta)
+    return writer

@@ -11,14 +11,14 @@ are two parts:
   (float32 [n, width]): the rows that differ from the base, with their values at this
   save. Absent when the base is this save's own full copy (and in older checkpoints).
 
-The rows of the checkpoint are the base with the changed rows put over it (``SavedRows``).
+The rows of the checkpoint are the base with the changed rows put over it (``SavedRows``:
+chunk by chunk, or mapped whole for a model that evaluates without holding the table).
 The writer is ``TwoTierStore.save``, which tracks what changed since its base.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +70,7 @@ def link_base(base: Path, directory: Path) -> bool:
 
 
 class SavedRows:
-    """The rows a checkpoint directory holds, read chunk by chunk (memory stays bounded).
+    """The rows a checkpoint directory holds, read a range at a time or mapped whole (memory stays bounded).
 
     Attributes:
         base: the base file, memory-mapped read-only, float32 [num_rows, width].
@@ -111,8 +111,13 @@ class SavedRows:
         rows[self.changed_ids[lo:hi] - start] = self.changed[lo:hi, :width]
         return rows
 
-    def chunks(self, chunk_rows: int, width: int | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
-        """``(start, end, self.rows(start, end, width))`` covering the table in order."""
-        for start in range(0, self.base.shape[0], chunk_rows):
-            end = min(start + chunk_rows, self.base.shape[0])
-            yield start, end, self.rows(start, end, width)
+    def mapped(self, width: int | None = None) -> np.ndarray:
+        """Every row, float32 [num_rows, width] (default: every float), without reading the
+        table into memory: a copy-on-write map of the base with the changed rows written over
+        it. Pages are read from disk as lookups touch them (the page cache, reclaimable);
+        only the pages holding changed rows are copied into private memory (one or two 4 KiB
+        pages per changed row at most), and nothing is ever written to the file."""
+        width = self.base.shape[1] if width is None else width
+        rows = np.load(self.base_path, mmap_mode="c")
+        rows[self.changed_ids] = self.changed
+        return rows[:, :width]

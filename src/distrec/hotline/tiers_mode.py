@@ -65,10 +65,14 @@ class HotlineTiers(ParallelMode):
         return "dense" not in own
 
     @classmethod
+    def restored_tables(cls, tables: list[TableConfig]) -> list[TableConfig]:
+        return stand_in_tables(tables)  # the saved rows are mapped, maybe larger than RAM
+
+    @classmethod
     def restore_model(cls, model: RecommendationModel, checkpoint: Path, own: dict[str, Any], meta: dict[str, Any]) -> None:
         if "hotline" not in own:
             raise DistrecError(f"checkpoint {str(checkpoint)!r} holds no model state; it is damaged, use another run's checkpoint")
-        load_into_model(model, checkpoint, own["hotline"])
+        load_into_model(model, checkpoint, own["hotline"], [TableConfig.from_dict(t) for t in meta["tables"]])
 
     def close(self) -> None:
         if self.training is not None:

@@ -38,8 +38,8 @@ from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.row_files import BASE_FILE, SavedRows
-from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.io import atomic_path
+from distrec.models.embedding import EmbeddingBagCollection
 from distrec.tables import TableConfig
 from distrec.train.breakdown import StepTimer
 from distrec.train.optim import make_optimizers
@@ -53,20 +53,20 @@ HOT_IDS_FILE = "hotline-hot-ids.npy"  # int64 ascending global ids of the fast t
 LOGGER_FILE = "hotline-logger.npz"
 
 
-def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any]) -> None:
-    """Fill an ordinary model (``build_model`` with the run's tables) from a Hotline checkpoint:
-    ``state`` is ``HotlineTraining.state_dict()``, ``directory`` holds the files of ``save``.
-    The embedding weights are copied chunk by chunk from the rows files (memory-mapped)."""
+def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, Any], tables: list[TableConfig]) -> None:
+    """Fill an ordinary model (``build_model``, maybe with ``stand_in_tables(tables)``) from a
+    Hotline checkpoint: ``state`` is ``HotlineTraining.state_dict()``, ``directory`` holds the
+    files of ``save``, ``tables`` are the run's. The model's embeddings become an
+    EmbeddingBagCollection of ``tables`` over the saved rows memory-mapped
+    (``SavedRows.mapped``), so tables larger than RAM evaluate without being read whole."""
     if not (Path(directory) / BASE_FILE).is_file():
         raise DistrecError(f"{str(directory)!r} has no {BASE_FILE}; pass a checkpoint of a run trained with --hotline")
     model.load_state_dict(state["model"], strict=False)
     saved = SavedRows(directory)
-    weight = model.embeddings.weight
-    if saved.shape[0] != weight.shape[0] or saved.shape[1] < weight.shape[1]:
+    dim = model.embeddings.dim
+    if saved.shape[0] != sum(t.num_rows for t in tables) or saved.shape[1] < dim:
         raise DistrecError(f"the Hotline rows in {str(directory)!r} do not fit the model's tables; use the run's own config")
-    with torch.no_grad():
-        for start, end, rows in saved.chunks(max(1, CHUNK_BYTES // (saved.shape[1] * FLOAT_BYTES)), width=weight.shape[1]):
-            weight[start:end] = torch.from_numpy(rows)
+    model.embeddings = EmbeddingBagCollection(tables, model.embeddings.weight.device, weight=torch.from_numpy(saved.mapped(dim)))
 
 
 class HotlineTraining:

@@ -273,7 +273,9 @@ class EmbeddingBagCollection(nn.Module):
 
     Args:
         tables: one TableConfig per sparse feature, all with the same ``dim``.
-        device: where to allocate the weight.
+        device: where to allocate the weight (default: ``weight``'s device, else the host).
+        weight: the rows to use as they are, [sum of rows, D] (any strides, e.g. a memory
+            map of a saved table larger than RAM), instead of allocating and initialising them.
 
     Example:
         >>> ebc = EmbeddingBagCollection([TableConfig("a", 10, 4), TableConfig("b", 5, 4)])
@@ -283,7 +285,7 @@ class EmbeddingBagCollection(nn.Module):
         torch.Size([5, 4])
     """
 
-    def __init__(self, tables: list[TableConfig], device: torch.device | str | None = None) -> None:
+    def __init__(self, tables: list[TableConfig], device: torch.device | str | None = None, weight: torch.Tensor | None = None) -> None:
         super().__init__()
         if not tables:
             raise DistrecError("the model has no embedding tables; the data must have at least one sparse feature")
@@ -299,10 +301,15 @@ class EmbeddingBagCollection(nn.Module):
         for t in tables:
             starts.append(starts[-1] + t.num_rows)
         self._row_range = {t.name: (starts[i], starts[i + 1]) for i, t in enumerate(tables)}
+        if weight is not None and tuple(weight.shape) != (starts[-1], self.dim):
+            raise DistrecError(
+                f"embedding rows of shape {tuple(weight.shape)} do not fit tables of {starts[-1]} rows of dim {self.dim}; use the rows saved with these tables"
+            )
+        device = device if device is not None or weight is None else weight.device
         self.register_buffer("row_offsets", torch.tensor(starts[:-1], dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("table_num_rows", torch.tensor([t.num_rows for t in tables], dtype=torch.int64, device=device), persistent=False)
-        self.weight = nn.Parameter(torch.empty(starts[-1], self.dim, device=device))
-        self.reset_parameters()
+        self.weight = nn.Parameter(torch.empty(starts[-1], self.dim, device=device) if weight is None else weight.to(device))
+        self.reset_parameters(fill=weight is None)
 
     @property
     def num_features(self) -> int:
@@ -313,11 +320,12 @@ class EmbeddingBagCollection(nn.Module):
         """Pooled vectors per sample: one per feature."""
         return len(self.tables)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, fill: bool = True) -> None:
         """Uniform in +-sqrt(1 / num_rows) per table (DLRM reference initialisation), from a
-        new seed drawn from torch's global generator (one draw, whatever the table sizes)."""
+        new seed drawn from torch's global generator (one draw, whatever the table sizes);
+        with ``fill`` False only the seed is drawn (``initializer``), the rows are kept."""
         self.initializer = TableInit(self.tables, int(torch.randint(2**62, ())))
-        for i, t in enumerate(self.tables):
+        for i, t in enumerate(self.tables if fill else []):
             self.initializer.fill(self.table_weight(t.name), i)
 
     def table_rows(self, name: str) -> tuple[int, int]:

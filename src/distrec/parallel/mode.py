@@ -182,10 +182,17 @@ class ParallelMode(ABC):
         """Whether a checkpoint whose rank 0 saved ``own`` was written by this kind of mode."""
 
     @classmethod
+    def restored_tables(cls, tables: list[TableConfig]) -> list[TableConfig]:
+        """The tables to build a one-process model with before ``restore_model`` fills it from
+        a checkpoint of this kind of mode (``tables``: the checkpoint's): the real ones, or
+        one-row stand-ins where ``restore_model`` brings its own embeddings."""
+        return tables
+
+    @classmethod
     @abstractmethod
     def restore_model(cls, model: RecommendationModel, checkpoint: Path, own: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Fill a one-process ``model`` (built with the checkpoint's tables) from a checkpoint
-        this kind of mode wrote, gathering every rank's part."""
+        """Fill a one-process ``model`` (built with ``restored_tables`` of the checkpoint's
+        tables) from a checkpoint this kind of mode wrote, gathering every rank's part."""
 
     def close(self) -> None:
         """Release what outlives a step (worker threads, files)."""

@@ -17,7 +17,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model
-from distrec.modes import restore_saved_model
+from distrec.modes import saved_by
 from distrec.tables import TableConfig
 from distrec.train.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.train.metrics import click_metrics
@@ -72,8 +72,10 @@ def load_trained_model(
     if meta.get("towers") is not None:
         index = {t.name: i for i, t in enumerate(tables)}
         towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
-    model = build_model(cfg.model, meta["num_dense"], tables, device=device, towers=towers)
-    restore_saved_model(model, ckpt, load_state(ckpt, 0, map_location=device), meta)
+    own = load_state(ckpt, 0, map_location=device)
+    writer = saved_by(ckpt, own, meta)
+    model = build_model(cfg.model, meta["num_dense"], writer.restored_tables(tables), device=device, towers=towers)
+    writer.restore_model(model, ckpt, own, meta)
     return model, cfg, tables, {**meta, "checkpoint": str(ckpt)}
 
 
@@ -111,7 +113,10 @@ def evaluate_checkpoint(
         raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
     dataset.override_tables(tables)
     if data_path is None and split != "all":
-        rows, scored = split_rows(dataset, cfg)[split], f"the run's {split} split"
+        splits = split_rows(dataset, cfg)
+        if split not in splits:
+            raise DistrecError(f"the run kept no {split} rows (its data.split is {cfg.data.split!r}); score --split val or all, or pass --data")
+        rows, scored = splits[split], f"the run's {split} split"
     elif data_path is None:
         rows, scored = np.arange(dataset.num_rows, dtype=np.int64), "all rows of the run's data"
     else:
