@@ -59,6 +59,8 @@ def test_round_trip_through_yaml(tmp_path):
         (["train.weight_decay=NaN"], "train.weight_decay is nan; it must be a finite number"),
         (["data.synthetic.zipf_exponents=[1.0, .inf]"], "data.synthetic.zipf_exponents is inf; it must be a finite number"),
         (["model.tower_compression=.nan"], "model.tower_compression is nan; it must be a finite number"),
+        (["model.tower_interaction=true"], "model.tower_interaction feeds the DLRM tower module's mixed outputs; add --tower-module dlrm"),
+        (["model.tower_interaction=true", "model.tower_module=dcn", "parallel.hosts=2", "parallel.ranks_per_host=1"], "add --tower-module dlrm, or drop it"),
     ],
 )
 def test_bad_values_are_one_line_errors(overrides, message):

@@ -584,6 +584,8 @@ def validate(cfg: RunConfig) -> None:
         raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
     if cfg.parallel.memory_per_rank is not None:
         parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
+    if m.tower_interaction and m.tower_module != "dlrm":
+        raise DistrecError("model.tower_interaction feeds the DLRM tower module's mixed outputs; add --tower-module dlrm, or drop it")
     if m.tower_module is not None:
         if cfg.parallel.towers is None and cfg.parallel.hosts is None:
             raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
