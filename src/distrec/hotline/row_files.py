@@ -19,6 +19,7 @@ The writer is ``TwoTierStore.save``, which tracks what changed since its base.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,23 @@ def link_base(base: Path, directory: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def write_rows(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray]) -> None:
+    """Write a float32 ``.npy`` file of ``shape`` from consecutive row ``chunks`` (float32
+    [n, shape[1]] each, together ``shape[0]`` rows), streamed through ``write`` calls: the
+    file's pages go through the page cache without being mapped into this process (a map
+    would count every written page in its resident memory), then synced."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": shape})
+        written = 0
+        for rows in chunks:
+            f.write(np.ascontiguousarray(rows, dtype=np.float32).data)
+            written += rows.shape[0]
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the checkpoint that names it is complete
+    if written != shape[0]:
+        raise ValueError(f"{written} rows written to {str(path)!r}, expected {shape[0]}")
 
 
 class SavedRows:

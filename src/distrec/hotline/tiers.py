@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from distrec.errors import DistrecError
 from distrec.hotline.readahead import RowReadahead
-from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, FileIdentity, SavedRows, find_base, link_base
+from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, FileIdentity, SavedRows, find_base, link_base, write_rows
 from distrec.io import atomic_path
 
 FLOAT_BYTES = 4
@@ -298,24 +298,27 @@ class TwoTierStore:
                 return
         path = directory / BASE_FILE
         with atomic_path(path) as tmp:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(self.num_rows, self.width))
-            for start, end in self._chunks(self.num_rows, "saving rows", progress):
-                out[start:end] = self.slow[start:end].numpy()
-            out[self.hot_ids.cpu().numpy()] = self.fast.cpu().numpy()
-            out.flush()
-            del out
+            write_rows(tmp, (self.num_rows, self.width), self._current_rows(None, "saving rows", progress))
         self._base = FileIdentity.of(path)
         self._changed.zero_()
 
     def _write_changed(self, directory: Path, ids: torch.Tensor, progress: bool) -> None:
         """Write rows ``ids`` (int64 ascending) and their current values as the changed rows."""
         np.save(directory / CHANGED_IDS_FILE, ids.numpy())
-        out = np.lib.format.open_memmap(directory / CHANGED_FILE, mode="w+", dtype=np.float32, shape=(ids.numel(), self.width))
-        for start, end in self._chunks(ids.numel(), "saving changed rows", progress):
-            out[start:end] = self.slow[ids[start:end]].numpy()
-        out[np.searchsorted(ids.numpy(), self.hot_ids.cpu().numpy())] = self.fast.cpu().numpy()
-        out.flush()
-        del out
+        write_rows(directory / CHANGED_FILE, (ids.numel(), self.width), self._current_rows(ids, "saving changed rows", progress))
+
+    def _current_rows(self, ids: torch.Tensor | None, desc: str, progress: bool) -> Iterator[np.ndarray]:
+        """The current values of rows ``ids`` (int64 ascending; None: every row), chunk by
+        chunk, each row from the tier holding it."""
+        hot_ids, fast = self.hot_ids.cpu().numpy(), self.fast.cpu().numpy()
+        for start, end in self._chunks(self.num_rows if ids is None else ids.numel(), desc, progress):
+            chunk_ids = np.arange(start, end) if ids is None else ids[start:end].numpy()
+            rows = self.slow[start:end].numpy() if ids is None else self.slow[ids[start:end]].numpy()
+            lo, hi = np.searchsorted(hot_ids, [chunk_ids[0], chunk_ids[-1] + 1])
+            if hi > lo:  # hot rows among them (every one of ``ids``): their slow-tier copies are stale
+                rows = rows.copy() if ids is None else rows
+                rows[np.searchsorted(chunk_ids, hot_ids[lo:hi])] = fast[lo:hi]
+            yield rows
 
     def load(self, directory: str | Path, progress: bool = False) -> None:
         """Replace every stored row by those a checkpoint directory holds (``save``; same
