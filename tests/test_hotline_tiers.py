@@ -1,3 +1,4 @@
+import os
 import shutil
 
 import numpy as np
@@ -5,7 +6,7 @@ import pytest
 import torch
 
 from distrec.errors import DistrecError
-from distrec.hotline.row_files import SavedRows
+from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, SavedRows
 from distrec.hotline.tiers import TwoTierStore
 
 ROWS, WIDTH, DIM = 50, 5, 4  # 4 weights and 1 optimizer-state float per row
@@ -227,3 +228,17 @@ def test_rows_are_initialised_on_first_use_and_never_when_a_load_comes_first(tmp
         resumed.load(tmp_path / "ckpt")  # a resumed run: every row comes from the checkpoint
         assert torch.equal(resumed.slow, torch.full((ROWS, WIDTH), 2.0))
     assert calls == []
+
+
+def test_saved_rows_of_twice_the_ram_map_with_their_changed_rows_over_them(tmp_path):
+    rows = 2 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 64  # rows of 16 floats
+    with open(tmp_path / BASE_FILE, "wb") as f:  # sparse: reads as zeros, takes no disk
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, 16)})
+        f.truncate(f.tell() + rows * 64)
+    ids = np.array([0, 12_345, rows - 1])
+    np.save(tmp_path / CHANGED_IDS_FILE, ids)
+    np.save(tmp_path / CHANGED_FILE, np.arange(1, 4, dtype=np.float32)[:, None].repeat(16, 1))
+    mapped = SavedRows(tmp_path).mapped(8)  # a map that reserved its size of memory was refused here
+    assert mapped.shape == (rows, 8)
+    assert mapped[ids].tolist() == [[1.0] * 8, [2.0] * 8, [3.0] * 8] and not mapped[1:12_345].any()
+    assert np.all(np.load(tmp_path / BASE_FILE, mmap_mode="r")[ids] == 0)  # the file is not written

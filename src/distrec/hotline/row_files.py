@@ -18,7 +18,9 @@ The writer is ``TwoTierStore.save``, which tracks what changed since its base.
 
 from __future__ import annotations
 
+import mmap
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from distrec.errors import DistrecError
+
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+"""Map flag: charge no memory for a private map up front (Linux; the constant is in ``mmap`` from Python 3.13)."""
 
 BASE_FILE = "hotline-rows.npy"
 CHANGED_IDS_FILE = "hotline-rows-changed-ids.npy"
@@ -136,6 +141,11 @@ class SavedRows:
         only the pages holding changed rows are copied into private memory (one or two 4 KiB
         pages per changed row at most), and nothing is ever written to the file."""
         width = self.base.shape[1] if width is None else width
-        rows = np.load(self.base_path, mmap_mode="c")
+        try:
+            with open(self.base_path, "rb") as f:  # not np.load(mmap_mode="c"): its map reserves the table's size of memory
+                private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            raise DistrecError(f"cannot map the embedding rows in {str(self.base_path)!r} ({e}); free memory or address space and retry") from None
+        rows = np.ndarray(self.base.shape, np.float32, buffer=private, offset=self.base.offset)
         rows[self.changed_ids] = self.changed
         return rows[:, :width]
