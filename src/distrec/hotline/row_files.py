@@ -146,6 +146,7 @@ class SavedRows:
                 private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             raise DistrecError(f"cannot map the embedding rows in {str(self.base_path)!r} ({e}); free memory or address space and retry") from None
+        private.madvise(mmap.MADV_RANDOM)  # a lookup faults in its row's page, not the disk's read-ahead window (MBs)
         rows = np.ndarray(self.base.shape, np.float32, buffer=private, offset=self.base.offset)
         rows[self.changed_ids] = self.changed
         return rows[:, :width]
