@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from distrec.kernels import rows as row_kernels
-from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
+from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 DIGIT_BITS = 11
@@ -94,10 +94,13 @@ def _pool(weight, values, offsets, bag_start, table, out_start, out_stride, tabl
         base, rows = table_base[table[s]], table_rows[table[s]]
         end = offsets[bag_start[s + 1]]
         for bag in range(bag_start[s], bag_start[s + 1]):
-            total[:] = 0.0
+            for d in range(dim):
+                total[d] = 0.0
             for k in range(offsets[bag], offsets[bag + 1]):
-                if k + PREFETCH_DISTANCE < end and 0 <= values[k + PREFETCH_DISTANCE] < rows:
-                    prefetch(weight, base + values[k + PREFETCH_DISTANCE])
+                if k + PREFETCH_DISTANCE < end:
+                    ahead = values[k + PREFETCH_DISTANCE]
+                    if 0 <= ahead < rows:
+                        prefetch_row(weight, base + ahead)
                 v = values[k]
                 if v < 0 or v >= rows:
                     return k
@@ -105,7 +108,8 @@ def _pool(weight, values, offsets, bag_start, table, out_start, out_stride, tabl
                 for d in range(dim):
                     total[d] += weight[r, d]
             o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
-            out[o, :] = total
+            for d in range(dim):
+                out[o, d] = total[d]
     return -1
 
 
