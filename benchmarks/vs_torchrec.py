@@ -22,6 +22,11 @@ last line printed is one JSON object; its ``results`` hold, per configuration, t
 ``pooling_factor``, ``procs``, ``optimizer``, ``distrec_samples_per_s``,
 ``torchrec_samples_per_s`` and ``ratio`` (distrec over TorchRec).
 
+With ``--profile`` each result also holds, per round, distrec's step components
+(``distrec_components_ms``, from ``breakdown.json``) and the self CPU ms per step of
+TorchRec's FBGEMM operators (``torchrec_fbgemm_ms``, rank 0 under ``torch.profiler``, which
+slows TorchRec's timed steps: read its samples/s from a run without it).
+
 Usage:
     python benchmarks/vs_torchrec.py --torchrec-python ../venv-torchrec/bin/python
     python benchmarks/vs_torchrec.py --pooling-factor 20 --procs 1 --optimizer adagrad --rounds 5
@@ -30,6 +35,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -104,8 +110,9 @@ def distrec_overrides(w: Workload) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
-def run_distrec(w: Workload, out: Path) -> float:
-    """Train ``w`` with ``distrec train``; samples/s from its breakdown.json."""
+def run_distrec(w: Workload, out: Path) -> tuple[float, dict[str, float]]:
+    """Train ``w`` with ``distrec train``; samples/s and the step's components (ms, rank 0's
+    ``breakdown.json`` means, those above 0.5 ms)."""
     run = out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}"
     command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(run), "--cache-dir", str(out / "cache"), *distrec_overrides(w)]
     if w.procs > 1:
@@ -116,7 +123,7 @@ def run_distrec(w: Workload, out: Path) -> float:
     components = json.loads((run / "breakdown.json").read_text())["components"]
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # about 1 GB per run: 16 of them filled a disk
     step_ms = sum(c["mean_ms"] for c in components.values())
-    return w.batch_size * w.procs / step_ms * 1e3
+    return w.batch_size * w.procs / step_ms * 1e3, {k: round(c["mean_ms"], 1) for k, c in components.items() if c["mean_ms"] > 0.5}
 
 
 def write_rows(w: Workload, path: Path) -> None:
@@ -145,8 +152,9 @@ def write_rows(w: Workload, path: Path) -> None:
 
 
 # --- TorchRec (runs in the worker, under --torchrec-python) -------------------------------
-def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_path: str) -> None:
-    """One TorchRec process: build the DLRM, shard it table-wise with DMP, time the steps."""
+def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_path: str, profile: bool) -> None:
+    """One TorchRec process: build the DLRM, shard it table-wise with DMP, time the steps
+    (with ``profile``, rank 0's under ``torch.profiler``: its FBGEMM operators' ms per step)."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -200,7 +208,10 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
         batches.append((torch.from_numpy(data["dense"][start : start + b]), kjt, torch.from_numpy(data["labels"][start : start + b])))
 
     seconds = []
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile and rank == 0 else contextlib.nullcontext()
     for step in range(w.steps):
+        if step == WARMUP_STEPS:
+            profiler.__enter__()
         dense_x, kjt, labels = batches[step % len(batches)]
         started = time.perf_counter()
         optimizer.zero_grad()
@@ -208,9 +219,12 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
         loss.backward()
         optimizer.step()
         seconds.append(time.perf_counter() - started)
+    profiler.__exit__(None, None, None)
     mean_s = statistics.mean(seconds[WARMUP_STEPS:])
     if rank == 0:
-        Path(result_path).write_text(json.dumps({"step_s": mean_s}))
+        timed = w.steps - WARMUP_STEPS
+        ops = {e.key: round(e.self_cpu_time_total / 1e3 / timed, 1) for e in profiler.key_averages() if e.key.startswith("fbgemm::")} if profile else {}
+        Path(result_path).write_text(json.dumps({"step_s": mean_s, "fbgemm_ms": ops}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -226,19 +240,21 @@ def torchrec_main(spec: str) -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        mp.spawn(torchrec_worker, args=(w, job["rows"], port, str(result)), nprocs=w.procs, join=True)
-        step_s = json.loads(result.read_text())["step_s"]
-    print(json.dumps({"samples_per_s": w.batch_size * w.procs / step_s}))
+        mp.spawn(torchrec_worker, args=(w, job["rows"], port, str(result), job["profile"]), nprocs=w.procs, join=True)
+        measured = json.loads(result.read_text())
+    print(json.dumps({"samples_per_s": w.batch_size * w.procs / measured["step_s"], "fbgemm_ms": measured["fbgemm_ms"]}))
 
 
-def run_torchrec(w: Workload, python: str, rows: Path) -> float:
-    """Train ``w`` with TorchRec DMP in a worker under ``python``; its samples/s."""
-    spec = json.dumps({"workload": asdict(w), "rows": str(rows)})
+def run_torchrec(w: Workload, python: str, rows: Path, profile: bool) -> tuple[float, dict[str, float]]:
+    """Train ``w`` with TorchRec DMP in a worker under ``python``; its samples/s and (with
+    ``profile``) its FBGEMM operators' self CPU ms per step on rank 0."""
+    spec = json.dumps({"workload": asdict(w), "rows": str(rows), "profile": profile})
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // w.procs))}
     done = subprocess.run([python, os.path.abspath(__file__), "--torchrec-worker", spec], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"the TorchRec worker failed ({w.label}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    return measured["samples_per_s"], measured["fbgemm_ms"]
 
 
 def torchrec_importable(python: str) -> bool:
@@ -257,6 +273,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help=f"training steps per run, the first {WARMUP_STEPS} untimed (default 20)")
     parser.add_argument("--torchrec-python", default=sys.executable, help="python of an environment with TorchRec (default: this one)")
     parser.add_argument("--out", help="folder for the runs and data (default: a temporary folder)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also report where each side's step goes: distrec's breakdown.json, TorchRec's FBGEMM operators under torch.profiler (slows TorchRec's timed steps)",
+    )
     parser.add_argument("--torchrec-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torchrec_worker:
@@ -279,15 +300,18 @@ def main() -> None:
                 rows[key] = out / f"rows-{w.distribution}-{w.pooling_factor}-{w.procs}.npz"
                 write_rows(w, rows[key])
         speeds: dict[Workload, dict[str, list[float]]] = {w: {"distrec": [], "torchrec": []} for w in workloads}
+        parts: dict[Workload, dict[str, list[dict[str, float]]]] = {w: {"distrec": [], "torchrec": []} for w in workloads}
         for r in range(args.rounds):
             for w in workloads:
                 # alternate which side goes first, so neither always follows the other
                 sides = [
                     ("distrec", lambda: run_distrec(w, out)),
-                    ("torchrec", lambda: run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)])),
+                    ("torchrec", lambda: run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)], args.profile)),
                 ]
                 for side, run in sides if r % 2 == 0 else sides[::-1]:
-                    speeds[w][side].append(run())
+                    speed, components = run()
+                    speeds[w][side].append(speed)
+                    parts[w][side].append(components)
                 d, t = speeds[w]["distrec"][-1], speeds[w]["torchrec"][-1]
                 print(f"round {r + 1}/{args.rounds} {w.label:<28} distrec {d:9,.0f}  torchrec {t:9,.0f}  ratio {d / t:5.2f}", flush=True)
 
@@ -305,6 +329,7 @@ def main() -> None:
                 "ratio": round(d / t, 3),
                 "distrec_rounds": [round(x) for x in s["distrec"]],
                 "torchrec_rounds": [round(x) for x in s["torchrec"]],
+                **({"distrec_components_ms": parts[w]["distrec"], "torchrec_fbgemm_ms": parts[w]["torchrec"]} if args.profile else {}),
             }
         )
         print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f}")
