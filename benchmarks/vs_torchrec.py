@@ -223,7 +223,8 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
     mean_s = statistics.mean(seconds[WARMUP_STEPS:])
     if rank == 0:
         timed = w.steps - WARMUP_STEPS
-        ops = {e.key: round(e.self_cpu_time_total / 1e3 / timed, 1) for e in profiler.key_averages() if e.key.startswith("fbgemm::")} if profile else {}
+        per_step = {e.key: e.self_cpu_time_total / 1e3 / timed for e in profiler.key_averages() if e.key.startswith("fbgemm::")} if profile else {}
+        ops = {name: round(ms, 1) for name, ms in per_step.items() if ms >= 0.05}
         Path(result_path).write_text(json.dumps({"step_s": mean_s, "fbgemm_ms": ops}))
     dist.barrier()
     dist.destroy_process_group()
