@@ -1,7 +1,10 @@
 import pytest
 import torch
 
+from distrec.config import ModelConfig
+from distrec.data.batch import Batch
 from distrec.errors import DistrecError
+from distrec.models.build import build_model
 from distrec.models.tower_modules import (
     DcnTowerModule,
     DlrmTowerModule,
@@ -10,6 +13,7 @@ from distrec.models.tower_modules import (
     mflops_per_sample,
     num_parameters,
 )
+from distrec.tables import TableConfig
 
 ROWS, F, N = 5, 6, 8
 
@@ -94,6 +98,17 @@ def test_mflops_and_parameters_match_the_formulas():
     width = F * N
     assert mflops_per_sample(dcn, _embs()) == pytest.approx((2 * 2 * width * width + 2 * width * F * d) / 1e6)
     assert num_parameters(dcn) == 2 * (width + 1) * width + (width + 1) * F * d
+
+
+def test_mflops_count_the_dot_interaction_that_runs_in_a_compiled_kernel():
+    model = build_model(ModelConfig(bottom_mlp=[64], top_mlp=[64], embedding_dim=16), 13, [TableConfig(f"t{i}", 10, 16) for i in range(26)])
+    batch = Batch(dense=torch.randn(32, 13), sparse_values=torch.randint(0, 10, (26 * 32,)), sparse_offsets=torch.arange(26 * 32 + 1), labels=torch.zeros(32))
+    pairs = 27 * 26 // 2  # dots among the dense vector and 26 embeddings: the top MLP's input beside the dense vector
+    dots = 26 * 26 + 26  # as the torch operators form them: the whole e e^T product, then e x
+    multiply_adds = 13 * 64 + 64 * 16 + dots * 16 + (pairs + 16) * 64 + 64 * 1
+    assert mflops_per_sample(model, batch) == pytest.approx(2 * multiply_adds / 1e6)
+    with torch.no_grad():
+        assert torch.equal(model(batch), model(batch))  # outside the counter the kernel runs; the same logits as counted
 
 
 @pytest.mark.parametrize(

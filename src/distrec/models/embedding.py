@@ -10,7 +10,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.kernels import compiled
+from distrec.kernels import compiled, kernels_hidden
 from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 
@@ -244,8 +244,9 @@ def pool_segments(weight: torch.Tensor, segments) -> torch.Tensor:
 
 
 def pools_by_kernels(weight: torch.Tensor) -> bool:
-    """Whether multi-hot bags of ``weight`` pool through ``pool_segments`` (float32 CPU weights)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32
+    """Whether multi-hot bags of ``weight`` pool through ``pool_segments`` (float32 CPU weights,
+    no dispatch mode watching: ``distrec.kernels.kernels_hidden``)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and not kernels_hidden()
 
 
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:

@@ -159,9 +159,10 @@ def compression_ratio(spec: TowerModuleSpec, host_feature_counts: Sequence[int],
 def mflops_per_sample(module: nn.Module, example: torch.Tensor | Batch) -> float:
     """Forward MFLOPs per sample of ``module`` on ``example`` (tensor rows or a Batch's samples).
 
-    Counts matrix products (2 FLOPs per multiply-add) with ``torch.utils.flop_counter``;
-    element-wise operations (activations, the cross layers' products) and embedding
-    lookups are not counted.
+    Counts matrix products (2 FLOPs per multiply-add) with ``torch.utils.flop_counter``, as
+    the torch operators form them (the compiled kernels step aside while it counts; DLRM's
+    dot interaction counts its whole batched product); element-wise operations (activations,
+    the cross layers' products) and embedding lookups are not counted.
     """
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         module(example)
