@@ -207,25 +207,27 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
         )
         batches.append((torch.from_numpy(data["dense"][start : start + b]), kjt, torch.from_numpy(data["labels"][start : start + b])))
 
-    seconds = []
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile and rank == 0 else contextlib.nullcontext()
-    for step in range(w.steps):
-        if step == WARMUP_STEPS:
-            profiler.__enter__()
-        dense_x, kjt, labels = batches[step % len(batches)]
+    def step(i: int) -> float:
+        """One training step on batch ``i``; its seconds."""
+        dense_x, kjt, labels = batches[i % len(batches)]
         started = time.perf_counter()
         optimizer.zero_grad()
         loss = F.binary_cross_entropy_with_logits(dmp(dense_x, kjt).squeeze(1), labels)
         loss.backward()
         optimizer.step()
-        seconds.append(time.perf_counter() - started)
-    profiler.__exit__(None, None, None)
-    mean_s = statistics.mean(seconds[WARMUP_STEPS:])
+        return time.perf_counter() - started
+
+    for i in range(WARMUP_STEPS):
+        step(i)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile and rank == 0 else contextlib.nullcontext()
+    with profiler:
+        seconds = [step(i) for i in range(WARMUP_STEPS, w.steps)]
     if rank == 0:
-        timed = w.steps - WARMUP_STEPS
-        per_step = {e.key: e.self_cpu_time_total / 1e3 / timed for e in profiler.key_averages() if e.key.startswith("fbgemm::")} if profile else {}
-        ops = {name: round(ms, 1) for name, ms in per_step.items() if ms >= 0.05}
-        Path(result_path).write_text(json.dumps({"step_s": mean_s, "fbgemm_ms": ops}))
+        ops = {}
+        if profile:
+            per_step = {e.key: e.self_cpu_time_total / 1e3 / len(seconds) for e in profiler.key_averages() if e.key.startswith("fbgemm::")}
+            ops = {name: round(ms, 1) for name, ms in per_step.items() if ms >= 0.05}
+        Path(result_path).write_text(json.dumps({"step_s": statistics.mean(seconds), "fbgemm_ms": ops}))
     dist.barrier()
     dist.destroy_process_group()
 

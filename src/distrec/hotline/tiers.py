@@ -312,12 +312,16 @@ class TwoTierStore:
         chunk, each row from the tier holding it."""
         hot_ids, fast = self.hot_ids.cpu().numpy(), self.fast.cpu().numpy()
         for start, end in self._chunks(self.num_rows if ids is None else ids.numel(), desc, progress):
-            chunk_ids = np.arange(start, end) if ids is None else ids[start:end].numpy()
-            rows = self.slow[start:end].numpy() if ids is None else self.slow[ids[start:end]].numpy()
-            lo, hi = np.searchsorted(hot_ids, [chunk_ids[0], chunk_ids[-1] + 1])
+            if ids is None:
+                rows, first, last = self.slow[start:end].numpy(), start, end
+            else:
+                chunk_ids = ids[start:end].numpy()
+                rows, first, last = self.slow[ids[start:end]].numpy(), chunk_ids[0], chunk_ids[-1] + 1
+            lo, hi = np.searchsorted(hot_ids, [first, last])
             if hi > lo:  # hot rows among them (every one of ``ids``): their slow-tier copies are stale
-                rows = rows.copy() if ids is None else rows
-                rows[np.searchsorted(chunk_ids, hot_ids[lo:hi])] = fast[lo:hi]
+                hot = hot_ids[lo:hi]
+                rows = rows.copy() if ids is None else rows  # not into the slow tier itself
+                rows[hot - start if ids is None else np.searchsorted(chunk_ids, hot)] = fast[lo:hi]
             yield rows
 
     def load(self, directory: str | Path, progress: bool = False) -> None:

@@ -62,11 +62,8 @@ def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, An
     if not (Path(directory) / BASE_FILE).is_file():
         raise DistrecError(f"{str(directory)!r} has no {BASE_FILE}; pass a checkpoint of a run trained with --hotline")
     model.load_state_dict(state["model"], strict=False)
-    saved = SavedRows(directory)
-    dim = model.embeddings.dim
-    if saved.shape[0] != sum(t.num_rows for t in tables) or saved.shape[1] < dim:
-        raise DistrecError(f"the Hotline rows in {str(directory)!r} do not fit the model's tables; use the run's own config")
-    model.embeddings = EmbeddingBagCollection(tables, model.embeddings.weight.device, weight=torch.from_numpy(saved.mapped(dim)))
+    rows = SavedRows(directory).mapped(model.embeddings.dim)  # the collection checks that they fit ``tables``
+    model.embeddings = EmbeddingBagCollection(tables, model.embeddings.weight.device, weight=torch.from_numpy(rows))
 
 
 class HotlineTraining:

@@ -326,8 +326,9 @@ class EmbeddingBagCollection(nn.Module):
         new seed drawn from torch's global generator (one draw, whatever the table sizes);
         with ``fill`` False only the seed is drawn (``initializer``), the rows are kept."""
         self.initializer = TableInit(self.tables, int(torch.randint(2**62, ())))
-        for i, t in enumerate(self.tables if fill else []):
-            self.initializer.fill(self.table_weight(t.name), i)
+        if fill:
+            for i, t in enumerate(self.tables):
+                self.initializer.fill(self.table_weight(t.name), i)
 
     def table_rows(self, name: str) -> tuple[int, int]:
         """The fused-weight rows [start, end) holding table ``name``."""
