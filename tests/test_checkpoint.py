@@ -292,3 +292,46 @@ def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(t
         (tmp_path / name / "meta.json").unlink()
     checkpoint.save_checkpoint(tmp_path, state, {"step": 3}, write_files=lambda d: os.link(tmp_path / "best" / "rows.bin", d / "rows.bin"), name="other")
     assert read == ["rows.bin", "state-rank0.pt"]
+
+
+def test_a_settled_file_is_not_read_again_while_it_keeps_its_identity(tmp_path, monkeypatch):
+    """A file unchanged for a while when saved (Hotline's base rows) is verified by its identity
+    (device, inode, size, mtime) at load; a write, a copy or a fresh file is read and checked."""
+    from distrec.train import checkpoint
+
+    def settled_rows(directory):
+        (directory / "rows.bin").write_bytes(os.urandom(4096))
+        os.utime(directory / "rows.bin", ns=(1_700_000_000 * 10**9,) * 2)
+
+    checkpoint.save_checkpoint(tmp_path, {0: {"x": torch.arange(4)}}, {"step": 1}, write_files=settled_rows)
+    rows = tmp_path / "checkpoint" / "rows.bin"
+    assert list(json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["file_identity"]) == ["rows.bin"]  # the state file is fresh
+    read = []
+    real = checkpoint.file_checksum
+    monkeypatch.setattr(checkpoint, "file_checksum", lambda path: read.append(path.name) or real(path))
+    assert read_meta(tmp_path / "checkpoint")["step"] == 1 and read == []
+    flipped = bytes(b ^ 0xFF for b in rows.read_bytes())
+    rows.write_bytes(flipped)
+    with pytest.raises(DistrecError, match="rows.bin' is corrupt"):
+        read_meta(tmp_path / "checkpoint")
+    os.utime(rows, ns=(1_700_000_000 * 10**9,) * 2)  # the same file, size and mtime: taken as read
+    read_meta(tmp_path / "checkpoint")
+    copy = tmp_path / "copy.bin"
+    copy.write_bytes(flipped)
+    os.utime(copy, ns=(1_700_000_000 * 10**9,) * 2)
+    copy.replace(rows)  # another inode, the same size and mtime (a restored copy)
+    read.clear()
+    with pytest.raises(DistrecError, match="rows.bin' is corrupt"):
+        read_meta(tmp_path / "checkpoint")
+    assert read == ["rows.bin"]
+
+
+def test_a_malformed_file_identity_entry_is_one_line(tmp_path):
+    from distrec.train import checkpoint
+
+    checkpoint.save_checkpoint(tmp_path, {0: {"x": torch.arange(4)}}, {"step": 1})
+    meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
+    meta["file_identity"] = [1, 2]
+    (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DistrecError, match="malformed file_identity; delete that entry"):
+        read_meta(tmp_path / "checkpoint")

@@ -7,7 +7,8 @@ fails (a full disk) removes its staging directory and leaves the previous one in
 Loading never runs code: state files hold tensors, numbers, strings, lists and dicts only
 and are read with ``torch.load(weights_only=True)``; ``meta.json`` keeps each file's
 SHA-256, checked before the file is read, so a truncated or overwritten file is named
-instead of loaded. Checkpoints of format 2 (before both) pickled NumPy's RNG state: they
+instead of loaded. A file that had settled when it was saved (Hotline's base rows, tens of
+GB) also has its identity recorded, and is not read again while it keeps it (``_unchanged``). Checkpoints of format 2 (before both) pickled NumPy's RNG state: they
 load only inside ``trusting_pickles()`` (``--trust-checkpoint``), after a warning line.
 """
 
@@ -19,6 +20,7 @@ import json
 import pickle
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +40,10 @@ META_FILE = "meta.json"
 FORMAT_VERSION = 3
 PICKLED_FORMAT_VERSION = 2  # loads only with trusting_pickles()
 CHECKSUMS = "sha256"  # meta.json key: file name -> SHA-256 hex digest of that file
+IDENTITIES = "file_identity"  # meta.json key: file name -> [device, inode, bytes, mtime ns] of a settled file
+SETTLED_NS = 2_000_000_000
+"""A file last modified this long (ns) before its identity is recorded has settled: a later
+write gets a later mtime, even on file systems whose clock ticks coarsely."""
 TRUST_FLAG = "--trust-checkpoint"
 RESTART_FIX = "resume from an earlier checkpoint (a copy of the run directory) or retrain"
 
@@ -137,8 +143,23 @@ def _disk_full_as_error(target: Path, staging: Path, needed_bytes: int) -> Itera
         raise
 
 
+def _identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _settled_identities(directory: Path, names: list[str]) -> dict[str, list[int]]:
+    """The identity of each named file that has not changed for SETTLED_NS: a check finding
+    the same identity later takes the file as the bytes its checksum was taken of (the way
+    git's index skips unchanged files), so a large file is read once, not at every load."""
+    now = time.time_ns()
+    identities = {name: _identity(directory / name) for name in names}
+    return {name: identity for name, identity in identities.items() if now - identity[3] > SETTLED_NS}
+
+
 def _write_meta(directory: Path, meta: dict[str, Any], checksums: dict[str, str]) -> None:
-    (directory / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums}, indent=2))
+    identities = _settled_identities(directory, sorted(checksums))
+    (directory / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums, IDENTITIES: identities}, indent=2))
 
 
 def save_checkpoint(
@@ -237,6 +258,8 @@ def _meta_json(checkpoint: Path) -> dict[str, Any]:
         raise DistrecError(f"checkpoint {str(checkpoint)!r} has format {version}, this distrec reads {FORMAT_VERSION}; use the matching distrec version")
     if version == FORMAT_VERSION and not isinstance(meta.get(CHECKSUMS), dict):
         raise DistrecError(f"checkpoint metadata {str(path)!r} holds no checksums ({CHECKSUMS}); {RESTART_FIX}")
+    if not isinstance(meta.get(IDENTITIES, {}), dict):
+        raise DistrecError(f"checkpoint metadata {str(path)!r} has a malformed {IDENTITIES}; delete that entry (the files are then checked by their checksums)")
     return meta
 
 
@@ -251,8 +274,11 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 def _verify(path: Path, meta: dict[str, Any]) -> None:
-    """DistrecError unless ``path`` has the checksum ``meta`` recorded for it."""
+    """DistrecError unless ``path`` has the checksum ``meta`` recorded for it (taken as read
+    when the file keeps the identity recorded with it: the same file, size and mtime)."""
     expected = meta[CHECKSUMS].get(path.name)
+    if expected is not None and path.is_file() and _identity(path) == meta.get(IDENTITIES, {}).get(path.name):
+        return
     if expected is None or not path.is_file() or file_checksum(path) != expected:
         problem = (
             "is missing"
