@@ -18,6 +18,7 @@ one JSON object.
 Usage:
     python benchmarks/bag_kernels.py                                # 26 x 100,000 x 64, 20 per bag
     python benchmarks/bag_kernels.py --pooling-factor 1 --threads 1 2
+    python benchmarks/bag_kernels.py --distribution zipf              # Zipf 1.05 ranks, shuffled rows
 """
 
 from __future__ import annotations
@@ -26,20 +27,31 @@ import argparse
 import json
 import statistics
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import harness
+from distrec.data.synthetic import ZipfSampler
 from distrec.kernels import bags as kernels
 from distrec.kernels import row_updates
 from distrec.models.embedding import feature_major, group_by_row
 
+ZIPF_EXPONENT = 1.05
+"""``--distribution zipf``'s exponent (``benchmarks/vs_torchrec.py``'s)."""
+
 
 def make_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Uniform feature-major bags of ``pooling_factor`` indices: values, offsets, table bases, table rows, weight."""
+    """Feature-major bags of ``pooling_factor`` indices, uniform or Zipf (each table's popular
+    rows scattered over it): values, offsets, table bases, table rows, weight."""
     g = torch.Generator().manual_seed(args.seed)
     bags = args.tables * args.batch
-    values = torch.randint(0, args.rows, (bags * args.pooling_factor,), generator=g)
+    if args.distribution == "zipf":
+        rng = np.random.default_rng(args.seed)
+        ranks = ZipfSampler(args.rows, ZIPF_EXPONENT).ranks(rng.random((args.tables, args.batch * args.pooling_factor)))
+        values = torch.from_numpy(np.concatenate([rng.permutation(args.rows)[r] for r in ranks]))
+    else:
+        values = torch.randint(0, args.rows, (bags * args.pooling_factor,), generator=g)
     offsets = torch.arange(0, bags * args.pooling_factor + 1, args.pooling_factor)
     num_rows = torch.full((args.tables,), args.rows, dtype=torch.int64)
     weight = torch.rand(args.tables * args.rows, args.dim, generator=g)
@@ -57,6 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=7, help="calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distribution", choices=["uniform", "zipf"], default="uniform", help=f"indices of each table (zipf: exponent {ZIPF_EXPONENT})")
     args = p.parse_args(argv)
     values, offsets, base, num_rows, weight = make_batch(args)
     segments = kernels.feature_segments(values, offsets, base, num_rows)

@@ -37,10 +37,10 @@ def _entries(seed: int, num_rows: int = 40, entries: int = 90, dim: int = 8, sou
     return torch.randint(num_rows, (entries,), generator=g), torch.randint(sources, (entries,), generator=g), torch.randn(sources, dim, generator=g)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_sgd_rows_equals_summed_gradient_scattered(seed):
-    rows, source_of_entry, source = _entries(seed)
-    weight = torch.randn(40, 8, generator=torch.Generator().manual_seed(9))
+@pytest.mark.parametrize(("seed", "dim"), [(0, 8), (1, 8), (2, 1), (3, 13), (4, 64)])
+def test_sgd_rows_equals_summed_gradient_scattered(seed, dim):
+    rows, source_of_entry, source = _entries(seed, dim=dim)
+    weight = torch.randn(40, dim, generator=torch.Generator().manual_seed(9))
     unique, summed = sum_by_row(rows, source, 40, source_of_entry)
     expected = weight.clone().index_add_(0, unique, summed * -0.3)
     unique, bounds, order = group_by_row(rows, 40)
@@ -48,9 +48,10 @@ def test_sgd_rows_equals_summed_gradient_scattered(seed):
     assert torch.equal(weight, expected)
 
 
-def test_rowwise_adagrad_rows_follows_its_formula():
-    rows, source_of_entry, source = _entries(2)
-    weight = torch.randn(40, 8, generator=torch.Generator().manual_seed(9))
+@pytest.mark.parametrize("dim", [8, 13, 64])
+def test_rowwise_adagrad_rows_follows_its_formula(dim):
+    rows, source_of_entry, source = _entries(2, dim=dim)
+    weight = torch.randn(40, dim, generator=torch.Generator().manual_seed(9))
     accumulator = torch.rand(40)
     unique, summed = sum_by_row(rows, source, 40, source_of_entry)
     expected_sum = accumulator.clone()

@@ -18,6 +18,7 @@ those of the torch operators (``tests/test_kernels_bags.py``). CPU tensors only.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numba
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from distrec.kernels import rows as row_kernels
+from distrec.kernels.accumulators import stack_vector
 from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row
 from distrec.kernels.rows import numpy_views, split_over_threads
 
@@ -85,32 +87,39 @@ def feature_segments(values: torch.Tensor, offsets: torch.Tensor, table_base: to
     )
 
 
-@numba.njit(nogil=True, cache=True)
-def _pool(weight, values, offsets, bag_start, table, out_start, out_stride, table_base, table_rows, out, first, last):  # pragma: no cover - compiled
-    """Pool segments [first, last) into ``out``; returns the first out-of-table entry, or -1."""
-    dim = weight.shape[1]
-    total = np.empty(dim, np.float32)
-    for s in range(first, last):
-        base, rows = table_base[table[s]], table_rows[table[s]]
-        end = offsets[bag_start[s + 1]]
-        for bag in range(bag_start[s], bag_start[s + 1]):
-            for d in range(dim):
-                total[d] = 0.0
-            for k in range(offsets[bag], offsets[bag + 1]):
-                if k + PREFETCH_DISTANCE < end:
-                    ahead = values[k + PREFETCH_DISTANCE]
-                    if 0 <= ahead < rows:
-                        prefetch_row(weight, base + ahead)
-                v = values[k]
-                if v < 0 or v >= rows:
-                    return k
-                r = base + v
+@functools.cache
+def _pool_kernel(dim: int):
+    """The pooling compiled for rows of ``dim`` floats (each bag's sum in registers)."""
+
+    @numba.njit(nogil=True, cache=True)
+    def pool_segments(
+        weight, values, offsets, bag_start, table, out_start, out_stride, table_base, table_rows, out, first, last
+    ):  # pragma: no cover - compiled
+        """Pool segments [first, last) into ``out``; returns the first out-of-table entry, or -1."""
+        total = stack_vector(dim)
+        for s in range(first, last):
+            base, rows = table_base[table[s]], table_rows[table[s]]
+            end = offsets[bag_start[s + 1]]
+            for bag in range(bag_start[s], bag_start[s + 1]):
                 for d in range(dim):
-                    total[d] += weight[r, d]
-            o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
-            for d in range(dim):
-                out[o, d] = total[d]
-    return -1
+                    total[d] = 0.0
+                for k in range(offsets[bag], offsets[bag + 1]):
+                    if k + PREFETCH_DISTANCE < end:
+                        ahead = values[k + PREFETCH_DISTANCE]
+                        if 0 <= ahead < rows:
+                            prefetch_row(weight, base + ahead)
+                    v = values[k]
+                    if v < 0 or v >= rows:
+                        return k
+                    r = base + v
+                    for d in range(dim):
+                        total[d] += weight[r, d]
+                o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
+                for d in range(dim):
+                    out[o, d] = total[d]
+        return -1
+
+    return pool_segments
 
 
 @numba.njit(nogil=True, cache=True)
@@ -213,9 +222,10 @@ def pool(weight: torch.Tensor, segments: Segments, threads: int | None = None) -
     cost = s.offsets[s.bag_start[1:]] - s.offsets[s.bag_start[:-1]]
     bounds = _balanced_split(cost, threads)
     bad = [-1] * (len(bounds) - 1)
+    kernel = _pool_kernel(weight.shape[1])
 
     def work(part: int, _: int) -> None:
-        bad[part] = _pool(*arrays, bounds[part], bounds[part + 1])
+        bad[part] = kernel(*arrays, bounds[part], bounds[part + 1])
 
     split_over_threads(len(bounds) - 1, work, threads, min_per_thread=1)
     if max(bad) >= 0:

@@ -22,32 +22,40 @@ operators.
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import torch
 
+from distrec.kernels.accumulators import stack_vector
 from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch, prefetch_row
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 
-@numba.njit(nogil=True, cache=True)
-def _update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, rowwise_adagrad, start, end):  # pragma: no cover - compiled
-    """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on rows u in [start, end)."""
-    dim = weight.shape[1]
-    total = np.empty(dim, np.float32)
-    for u in range(start, end):
-        if u + PREFETCH_DISTANCE < end:
-            prefetch_row(weight, rows[u + PREFETCH_DISTANCE])
+@functools.cache
+def _update_kernel(dim: int):
+    """The row update compiled for rows of ``dim`` floats (each row's summed gradient in registers)."""
+
+    @numba.njit(nogil=True, cache=True)
+    def update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, rowwise_adagrad, start, end):  # pragma: no cover - compiled
+        """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on rows u in [start, end)."""
+        total = stack_vector(dim)
+        for u in range(start, end):
+            if u + PREFETCH_DISTANCE < end:
+                prefetch_row(weight, rows[u + PREFETCH_DISTANCE])
+                if rowwise_adagrad:
+                    prefetch(accumulator, rows[u + PREFETCH_DISTANCE])
+            _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
+            r = rows[u]
+            scale = neg_lr
             if rowwise_adagrad:
-                prefetch(accumulator, rows[u + PREFETCH_DISTANCE])
-        _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
-        r = rows[u]
-        scale = neg_lr
-        if rowwise_adagrad:
-            accumulator[r] += _sum_of_squares(total) / np.float32(dim)
-            scale = np.float32(1.0) / (np.sqrt(accumulator[r]) + eps) * neg_lr
-        for d in range(dim):
-            weight[r, d] += total[d] * scale
+                accumulator[r] += _sum_of_squares(total) / np.float32(dim)
+                scale = np.float32(1.0) / (np.sqrt(accumulator[r]) + eps) * neg_lr
+            for d in range(dim):
+                weight[r, d] += total[d] * scale
+
+    return update_rows
 
 
 @numba.njit(fastmath={"reassoc"}, cache=True)
@@ -84,7 +92,8 @@ def sgd_rows(weight: torch.Tensor, rows: torch.Tensor, bounds: torch.Tensor, pic
         lr: learning rate.
     """
     w, r, b, p, g = numpy_views(weight, rows, bounds, picks, grad)
-    split_over_threads(len(r), lambda start, end: _update_rows(w, np.empty(0, np.float32), r, b, p, g, np.float32(-lr), np.float32(0.0), False, start, end))
+    update = _update_kernel(weight.shape[1])
+    split_over_threads(len(r), lambda start, end: update(w, np.empty(0, np.float32), r, b, p, g, np.float32(-lr), np.float32(0.0), False, start, end))
 
 
 def rowwise_adagrad_rows(
@@ -103,4 +112,5 @@ def rowwise_adagrad_rows(
     ``accumulator`` is float32 [num_rows] on the CPU (any stride), updated in place.
     """
     w, s, r, b, p, g = numpy_views(weight, accumulator, rows, bounds, picks, grad)
-    split_over_threads(len(r), lambda start, end: _update_rows(w, s, r, b, p, g, np.float32(-lr), np.float32(eps), True, start, end))
+    update = _update_kernel(weight.shape[1])
+    split_over_threads(len(r), lambda start, end: update(w, s, r, b, p, g, np.float32(-lr), np.float32(eps), True, start, end))
