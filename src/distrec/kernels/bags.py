@@ -27,7 +27,7 @@ import torch
 
 from distrec.kernels import rows as row_kernels
 from distrec.kernels.accumulators import stack_vector
-from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row
+from distrec.kernels.prefetch import PREFETCH_DISTANCE, prefetch
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 DIGIT_BITS = 11
@@ -107,7 +107,7 @@ def _pool_kernel(dim: int):
                     if k + PREFETCH_DISTANCE < end:
                         ahead = values[k + PREFETCH_DISTANCE]
                         if 0 <= ahead < rows:
-                            prefetch_row(weight, base + ahead)
+                            prefetch(weight, base + ahead)
                     v = values[k]
                     if v < 0 or v >= rows:
                         return k

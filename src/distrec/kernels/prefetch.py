@@ -66,8 +66,8 @@ CACHE_LINE_BYTES = 64
 @njit(inline="always")
 def prefetch_row(array, row):  # pragma: no cover - compiled
     """Hint the CPU to bring every cache line of row ``row`` of a 2-D array into the cache
-    (a 64-float row spans 4 lines): the row update and the pooling of bags both gain from it
-    (``docs/performance.md``)."""
+    (a 64-float row spans 4 lines): the row update uses it; the pooling, which keeps more rows
+    in flight, is faster asking for the first line only (``docs/performance.md``)."""
     step = max(1, CACHE_LINE_BYTES // array.itemsize)
     for column in range(0, array.shape[1], step):
         _prefetch_element(array, row, column)
