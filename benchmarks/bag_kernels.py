@@ -36,9 +36,7 @@ from distrec.data.synthetic import ZipfSampler
 from distrec.kernels import bags as kernels
 from distrec.kernels import row_updates
 from distrec.models.embedding import feature_major, group_by_row
-
-ZIPF_EXPONENT = 1.05
-"""``--distribution zipf``'s exponent (``benchmarks/vs_torchrec.py``'s)."""
+from vs_torchrec import ZIPF_EXPONENT
 
 
 def make_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,8 +8,9 @@ Loading never runs code: state files hold tensors, numbers, strings, lists and d
 and are read with ``torch.load(weights_only=True)``; ``meta.json`` keeps each file's
 SHA-256, checked before the file is read, so a truncated or overwritten file is named
 instead of loaded. A file that had settled when it was saved (Hotline's base rows, tens of
-GB) also has its identity recorded, and is not read again while it keeps it (``_unchanged``). Checkpoints of format 2 (before both) pickled NumPy's RNG state: they
-load only inside ``trusting_pickles()`` (``--trust-checkpoint``), after a warning line.
+GB) also has its identity recorded and is not read again while it keeps it
+(``_settled_identities``). Checkpoints of format 2 (before both) pickled NumPy's RNG state:
+they load only inside ``trusting_pickles()`` (``--trust-checkpoint``), after a warning line.
 """
 
 from __future__ import annotations
@@ -277,17 +278,15 @@ def _verify(path: Path, meta: dict[str, Any]) -> None:
     """DistrecError unless ``path`` has the checksum ``meta`` recorded for it (taken as read
     when the file keeps the identity recorded with it: the same file, size and mtime)."""
     expected = meta[CHECKSUMS].get(path.name)
-    if expected is not None and path.is_file() and _identity(path) == meta.get(IDENTITIES, {}).get(path.name):
+    if not path.is_file():
+        problem = "is missing"
+    elif expected is None:
+        problem = "is not in the checkpoint's checksums"
+    elif _identity(path) == meta.get(IDENTITIES, {}).get(path.name) or file_checksum(path) == expected:
         return
-    if expected is None or not path.is_file() or file_checksum(path) != expected:
-        problem = (
-            "is missing"
-            if not path.is_file()
-            else "is not in the checkpoint's checksums"
-            if expected is None
-            else "is corrupt (its checksum differs from the one saved)"
-        )
-        raise DistrecError(f"checkpoint file {str(path)!r} {problem}; {RESTART_FIX}")
+    else:
+        problem = "is corrupt (its checksum differs from the one saved)"
+    raise DistrecError(f"checkpoint file {str(path)!r} {problem}; {RESTART_FIX}")
 
 
 def load_state(checkpoint: Path, rank: int = 0, map_location: Any = None) -> dict[str, Any]:
