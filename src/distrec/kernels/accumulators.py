@@ -1,4 +1,4 @@
-"""A float32 vector on the stack for numba kernels, so that a row's running sum stays in registers.
+"""A vector on the stack for numba kernels, so that a row's running sum stays in registers.
 
 A kernel that adds rows into a heap array (``np.empty(dim)``) reads and writes that array at
 every row: the compiler cannot prove that it is not the table being read, and a run-time
@@ -16,19 +16,21 @@ from numba.extending import intrinsic
 
 
 @intrinsic
-def stack_vector(typingctx, size):  # pragma: no cover - compiled
-    """A float32 [size] array in the calling function's stack frame (uninitialised); ``size``
-    must be a compile-time constant. Valid until that function returns: never return it."""
-    if not isinstance(size, types.IntegerLiteral):
+def stack_vector(typingctx, size, like):  # pragma: no cover - compiled
+    """A [size] array of ``like``'s dtype (an array) in the calling function's stack frame
+    (uninitialised); ``size`` must be a compile-time constant. Valid until that function
+    returns: never return it."""
+    if not isinstance(size, types.IntegerLiteral) or not isinstance(like, types.Array):
         return None
-    vector = types.Array(types.float32, 1, "C")
+    vector = types.Array(like.dtype, 1, "C")
 
     def codegen(context, builder, signature, args):
         count = context.get_constant(types.intp, size.literal_value)
-        data = cgutils.alloca_once(builder, context.get_value_type(types.float32), size=count)
-        itemsize = context.get_constant(types.intp, 4)
+        element = context.get_value_type(like.dtype)
+        data = cgutils.alloca_once(builder, element, size=count)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(element))
         array = context.make_array(vector)(context, builder)
         context.populate_array(array, data=data, shape=[count], strides=[itemsize], itemsize=itemsize, meminfo=None)
         return array._getvalue()
 
-    return vector(size), codegen
+    return vector(size, like), codegen

@@ -96,7 +96,7 @@ def _pool_kernel(dim: int):
         weight, values, offsets, bag_start, table, out_start, out_stride, table_base, table_rows, out, first, last
     ):  # pragma: no cover - compiled
         """Pool segments [first, last) into ``out``; returns the first out-of-table entry, or -1."""
-        total = stack_vector(dim)
+        total = stack_vector(dim, out)
         for s in range(first, last):
             base, rows = table_base[table[s]], table_rows[table[s]]
             end = offsets[bag_start[s + 1]]

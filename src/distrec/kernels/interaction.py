@@ -4,98 +4,107 @@ In torch operators the interaction of F sparse vectors is a batched product of [
 [D, F] matrices (all F^2 dots, where F (F - 1) / 2 are kept), an ``index_select`` of the
 kept pairs and a ``cat`` with the dense vector; its backward gathers the pair gradients into
 a symmetric [F, F] matrix per sample and multiplies again. Batched products of matrices this
-small run far below the CPU's peak (``docs/performance.md``). These kernels
-compute, per sample, only the kept dots (vectorised over D) straight into the output row, and
-the gradients by one pass over the pairs: ``de_i += g_ij e_j``, ``de_j += g_ij e_i``.
+small run far below the CPU's peak (``docs/performance.md``). Here, per sample, with
+v = (x, e_1, ..., e_F) the N vectors that interact:
 
-Samples are independent, so results do not depend on how the batch is split over threads;
-the dot products add their D terms in an order of the compiler's choosing (vectorised), so
-they match the torch operators to rounding, not bit for bit (``tests/test_kernels_interaction.py``).
-CPU tensors only (NumPy views share their memory), float32 or float64.
+- the forward computes only the kept dots, each vectorised over D, straight into the
+  output row;
+- the backward puts the pair gradients into the symmetric [N, N] matrix S (on the stack)
+  and forms each vector's gradient ``dv_i = sum_k S[i, k] v_k`` in registers (one pass over
+  the N vectors per i, no read-modify-write of the gradient rows).
+
+Both are compiled per shape (N, D, with or without x and self-pairs; cached on disk by
+numba), so the loops over D have a constant length and unroll. Samples are independent, so
+results do not depend on how the batch is split over threads; the dot products add their D
+terms in an order of the compiler's choosing (vectorised), so they match the torch operators
+to rounding, not bit for bit (``tests/test_kernels_interaction.py``). CPU tensors only
+(NumPy views share their memory), float32 or float64.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numba
 import numpy as np
 import torch
 
+from distrec.kernels.accumulators import stack_vector
 from distrec.kernels.rows import numpy_views, split_over_threads
 
 MIN_SAMPLES_PER_THREAD = 256
 """Below this many samples per thread one thread does all (a sample takes a few microseconds)."""
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _forward(x, e, out, has_dense, self_pair, start, end):  # pragma: no cover - compiled
-    """Rows [start, end) of ``out``: x, then the dots of (x, e_1, ..., e_F) in row-major
-    upper-triangle order (with the diagonal when ``self_pair`` is 1)."""
-    num_sparse, dim = e.shape[1], e.shape[2]
-    zero = np.zeros(1, e.dtype)[0]
-    for b in range(start, end):
-        c = 0
-        if has_dense:
-            for d in range(dim):
+@functools.cache
+def _forward_kernel(num_sparse: int, dim: int, has_dense: bool, self_pair: bool):
+    """The forward for ``num_sparse`` vectors of ``dim`` floats (and x when ``has_dense``)."""
+    dense = int(has_dense)
+    first_partner = 1 - int(self_pair)  # pairs (i, j) with j >= i + first_partner
+    vectors = num_sparse + dense
+
+    @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+    def forward(x, e, out, start, end):  # pragma: no cover - compiled
+        """Rows [start, end) of ``out``: x, then the kept dots in row-major upper-triangle order."""
+        zero = np.zeros(1, out.dtype)[0]
+        for b in range(start, end):
+            for d in range(dim if dense else 0):
                 out[b, d] = x[b, d]
-            c = dim
-            if self_pair:
-                total = zero
+            c = dim * dense
+            for i in range(vectors):
+                left = x[b] if dense and i == 0 else e[b, i - dense]
+                for j in range(i + first_partner, vectors):
+                    right = x[b] if dense and j == 0 else e[b, j - dense]
+                    total = zero
+                    for d in range(dim):
+                        total += left[d] * right[d]
+                    out[b, c] = total
+                    c += 1
+
+    return forward
+
+
+@functools.cache
+def _backward_kernel(num_sparse: int, dim: int, has_dense: bool, self_pair: bool):
+    """The backward for ``_forward_kernel``'s shape."""
+    dense = int(has_dense)
+    vectors = num_sparse + dense
+    cells = vectors * vectors
+
+    @numba.njit(nogil=True, cache=True, fastmath={"contract"})
+    def backward(x, e, grad, grad_x, grad_e, start, end):  # pragma: no cover - compiled
+        """Rows [start, end) of ``grad_x`` and ``grad_e`` from the output gradient ``grad``."""
+        pair_grad = stack_vector(cells, grad)  # S, row-major
+        total = stack_vector(dim, grad)
+        for b in range(start, end):
+            c = dim * dense
+            for i in range(vectors):
+                if self_pair:  # d(v_i . v_i) / dv_i = 2 v_i
+                    pair_grad[i * vectors + i] = grad[b, c] + grad[b, c]
+                    c += 1
+                else:
+                    pair_grad[i * vectors + i] = 0
+                for j in range(i + 1, vectors):
+                    pair_grad[i * vectors + j] = grad[b, c]
+                    pair_grad[j * vectors + i] = grad[b, c]
+                    c += 1
+            for i in range(vectors):
+                first = x[b] if dense else e[b, 0]
+                s = pair_grad[i * vectors]
                 for d in range(dim):
-                    total += x[b, d] * x[b, d]
-                out[b, c] = total
-                c += 1
-            for j in range(num_sparse):
-                total = zero
-                for d in range(dim):
-                    total += x[b, d] * e[b, j, d]
-                out[b, c] = total
-                c += 1
-        for i in range(num_sparse):
-            for j in range(i + 1 - self_pair, num_sparse):
-                total = zero
-                for d in range(dim):
-                    total += e[b, i, d] * e[b, j, d]
-                out[b, c] = total
-                c += 1
+                    total[d] = s * first[d]
+                for k in range(1, vectors):
+                    s = pair_grad[i * vectors + k]
+                    for d in range(dim):
+                        total[d] += s * e[b, k - dense, d]
+                if dense and i == 0:  # x also reaches the output as itself
+                    for d in range(dim):
+                        grad_x[b, d] = total[d] + grad[b, d]
+                else:
+                    for d in range(dim):
+                        grad_e[b, i - dense, d] = total[d]
 
-
-@numba.njit(inline="always", fastmath={"contract"})
-def _add_scaled(y, scale, v):  # pragma: no cover - compiled
-    """y += scale * v, for vectors of one length."""
-    for d in range(y.shape[0]):
-        y[d] += scale * v[d]
-
-
-@numba.njit(nogil=True, cache=True, fastmath={"contract"})
-def _backward(x, e, grad, grad_x, grad_e, has_dense, self_pair, start, end):  # pragma: no cover - compiled
-    """Rows [start, end) of ``grad_x`` and ``grad_e`` from the output gradient ``grad``."""
-    num_sparse, dim = e.shape[1], e.shape[2]
-    for b in range(start, end):
-        ge = grad_e[b]
-        ge[:, :] = 0
-        c = 0
-        if has_dense:
-            gx = grad_x[b]
-            for d in range(dim):
-                gx[d] = grad[b, d]
-            c = dim
-            if self_pair:
-                _add_scaled(gx, grad[b, c] + grad[b, c], x[b])
-                c += 1
-            for j in range(num_sparse):
-                g = grad[b, c]
-                c += 1
-                _add_scaled(gx, g, e[b, j])
-                _add_scaled(ge[j], g, x[b])
-        for i in range(num_sparse):
-            if self_pair:
-                _add_scaled(ge[i], grad[b, c] + grad[b, c], e[b, i])
-                c += 1
-            for j in range(i + 1, num_sparse):
-                g = grad[b, c]
-                c += 1
-                _add_scaled(ge[i], g, e[b, j])
-                _add_scaled(ge[j], g, e[b, i])
+    return backward
 
 
 def dot_interaction(x: torch.Tensor | None, e: torch.Tensor, self_interaction: bool, threads: int | None = None) -> torch.Tensor:
@@ -114,7 +123,8 @@ def dot_interaction(x: torch.Tensor | None, e: torch.Tensor, self_interaction: b
     pairs = n * (n + 1) // 2 if self_interaction else n * (n - 1) // 2
     out = e.new_empty(batch_size, pairs + (dim if x is not None else 0))
     xs, es, outs = numpy_views(x if x is not None else e.new_empty(0, dim), e, out)
-    split_over_threads(batch_size, lambda a, b: _forward(xs, es, outs, x is not None, int(self_interaction), a, b), threads, MIN_SAMPLES_PER_THREAD)
+    kernel = _forward_kernel(num_sparse, dim, x is not None, self_interaction)
+    split_over_threads(batch_size, lambda a, b: kernel(xs, es, outs, a, b), threads, MIN_SAMPLES_PER_THREAD)
     return out
 
 
@@ -127,5 +137,6 @@ def dot_interaction_backward(
     grad_e = torch.empty_like(e)
     missing = e.new_empty(0, e.shape[2])
     xs, gxs, es, gs, ges = numpy_views(x if x is not None else missing, grad_x if grad_x is not None else missing, e, grad, grad_e)
-    split_over_threads(e.shape[0], lambda a, b: _backward(xs, es, gs, gxs, ges, x is not None, int(self_interaction), a, b), threads, MIN_SAMPLES_PER_THREAD)
+    kernel = _backward_kernel(e.shape[1], e.shape[2], x is not None, self_interaction)
+    split_over_threads(e.shape[0], lambda a, b: kernel(xs, es, gs, gxs, ges, a, b), threads, MIN_SAMPLES_PER_THREAD)
     return grad_x, grad_e

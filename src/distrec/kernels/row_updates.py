@@ -40,7 +40,7 @@ def _update_kernel(dim: int):
     @numba.njit(nogil=True, cache=True)
     def update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, rowwise_adagrad, start, end):  # pragma: no cover - compiled
         """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on rows u in [start, end)."""
-        total = stack_vector(dim)
+        total = stack_vector(dim, grad)
         for u in range(start, end):
             if u + PREFETCH_DISTANCE < end:
                 prefetch_row(weight, rows[u + PREFETCH_DISTANCE])
