@@ -1,4 +1,4 @@
-"""keep_freed_memory: large freed blocks are reused instead of being mapped afresh."""
+"""keep_freed_memory: large freed blocks are reused instead of being mapped afresh; empty_table: tables asked onto huge pages."""
 
 import json
 import os
@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from distrec.allocator import OPT_OUT_VARIABLE
+from distrec.allocator import HUGE_PAGE_BYTES, OPT_OUT_VARIABLE, empty_table
 
 # Allocates and fills a 64 MiB tensor 8 times after a warm-up, reporting minor page faults.
 # During the warm-up glibc's heap grows (a freed block is just too small for the next aligned
@@ -38,3 +39,24 @@ def test_freed_blocks_are_reused_unless_opted_out():
     pages = 8 * (64 << 20) // os.sysconf("SC_PAGE_SIZE")  # a fresh mapping faults every page
     assert default["faults"] > pages / 2
     assert kept["faults"] < pages / 20
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``address`` (Linux's /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page advice is Linux's")
+def test_a_table_is_advised_onto_huge_pages():
+    table = empty_table(HUGE_PAGE_BYTES // 16, 16)  # 4 huge pages of float32
+    assert table.shape == (HUGE_PAGE_BYTES // 16, 16) and table.dtype == torch.float32
+    assert "hg" in _vm_flags(table.data_ptr() + table.numel() * table.element_size() // 2)

@@ -1,4 +1,15 @@
-"""Keep freed heap memory for reuse instead of handing it back to the OS (glibc only).
+"""How the process takes memory from the OS: freed heap kept for reuse (glibc only), and
+embedding tables backed by huge pages (Linux).
+
+*Huge pages for tables.* A lookup or a row update touches rows spread over a table of
+hundreds of MB, each row on its own 4 KiB page, so nearly every row costs a TLB miss and a
+page-table walk besides its cache miss. ``empty_table`` asks the kernel for 2 MiB pages
+(``madvise(MADV_HUGEPAGE)``, honoured when transparent huge pages are in ``madvise`` or
+``always`` mode) before the memory is first touched; the pooling and the row-wise Adagrad
+update then run faster (measured in ``docs/performance.md``). Where the kernel has no huge pages
+to give, the table keeps 4 KiB pages and nothing else changes.
+
+*Freed heap kept.*
 
 The planner's micro-benchmarks time embedding steps built from stock PyTorch parts
 (``distrec.planner.workload``): ``F.embedding_bag`` with sparse gradients and
@@ -27,8 +38,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
+
+import torch
 
 RETAINED_BYTES = 1 << 30
 """Blocks up to this size (bytes) come from the heap, and this much freed heap may be kept."""
@@ -37,6 +51,31 @@ FALLBACK_MMAP_THRESHOLD = 32 << 20
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 OPT_OUT_VARIABLE = "DISTREC_KEEP_FREED_MEMORY"
+HUGE_PAGE_BYTES = 2 << 20
+"""Tables smaller than a huge page are left on 4 KiB pages."""
+_MADV_HUGEPAGE = 14  # from Linux's mman-common.h
+_PAGE_BYTES = 4096
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def empty_table(num_rows: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """An uninitialised float32 [num_rows, dim] table; on a Linux CPU, backed by huge pages
+    where the kernel has them (see the module doc). Fill it before reading it."""
+    table = torch.empty(num_rows, dim, device=device)
+    size = table.numel() * table.element_size()
+    libc = _libc() if table.device.type == "cpu" and sys.platform.startswith("linux") and size >= HUGE_PAGE_BYTES else None
+    if libc is not None:
+        start = table.data_ptr() // _PAGE_BYTES * _PAGE_BYTES
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(table.data_ptr() + size - start), _MADV_HUGEPAGE)  # advice: failure is harmless
+    return table
 
 
 def keep_freed_memory() -> bool:
@@ -49,9 +88,8 @@ def keep_freed_memory() -> bool:
     if os.environ.get(OPT_OUT_VARIABLE, "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+        mallopt = _libc().mallopt  # type: ignore[union-attr]
+    except AttributeError:  # no C library, or one without mallopt (musl)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not mallopt(_M_MMAP_THRESHOLD, RETAINED_BYTES) and not mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD):

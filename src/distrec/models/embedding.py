@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distrec.allocator import empty_table
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.kernels import compiled, kernels_hidden
@@ -309,7 +310,7 @@ class EmbeddingBagCollection(nn.Module):
         device = device if device is not None or weight is None else weight.device
         self.register_buffer("row_offsets", torch.tensor(starts[:-1], dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("table_num_rows", torch.tensor([t.num_rows for t in tables], dtype=torch.int64, device=device), persistent=False)
-        self.weight = nn.Parameter(torch.empty(starts[-1], self.dim, device=device) if weight is None else weight.to(device))
+        self.weight = nn.Parameter(empty_table(starts[-1], self.dim, device) if weight is None else weight.to(device))
         self.reset_parameters(fill=weight is None)
 
     @property

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from distrec.allocator import empty_table
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.kernels import compiled
@@ -139,9 +140,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self.unit_group.append(g)
             self.unit_base.append(group_rows[g])
             group_rows[g] += u.num_rows
-        self.weights = nn.ParameterList([nn.Parameter(torch.empty(group_rows[g], w, device=device)) for g, w in enumerate(self.widths)])
+        self.weights = nn.ParameterList([nn.Parameter(empty_table(group_rows[g], w, device)) for g, w in enumerate(self.widths)])
         self.replicated = [i for i, t in enumerate(tables) if plan.placement(t.name).sharding == "data_parallel"]
-        self.replicas = nn.ParameterList([nn.Parameter(torch.empty(tables[i].num_rows, self.dim, device=device)) for i in self.replicated])
+        self.replicas = nn.ParameterList([nn.Parameter(empty_table(tables[i].num_rows, self.dim, device)) for i in self.replicated])
         self.stats = ExchangeStats()
 
     # --- construction ------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""Lookups and row updates on a table on huge pages against the same table on 4 KiB pages.
+
+``distrec.allocator.empty_table`` (what distrec's embedding modules allocate their tables
+with) asks the kernel for 2 MiB pages; ``torch.empty`` gets 4 KiB pages while transparent
+huge pages are in ``madvise`` mode. Both tables hold the same rows; in the same process,
+alternating in rounds, this times ``distrec.kernels.bags.pool`` (the lookup) and
+``distrec.kernels.row_updates.rowwise_adagrad_rows`` (the update of the grouped rows) on
+each, for ``bag_kernels.py``'s batch. Medians in ms; the last line is one JSON object, with
+the share of the huge-page table that the kernel did put on huge pages.
+
+Usage:
+    python benchmarks/huge_pages.py                                  # 26 x 100,000 x 64, 20 per bag
+    python benchmarks/huge_pages.py --pooling-factor 1 --threads 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+import harness
+from bag_kernels import make_batch
+from distrec.allocator import empty_table
+from distrec.kernels import bags as kernels
+from distrec.kernels import row_updates
+
+
+def huge_page_bytes() -> int:
+    """Bytes of this process's anonymous memory on huge pages (Linux's /proc/self/smaps_rollup)."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("AnonHugePages:"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tables", type=int, default=26)
+    p.add_argument("--rows", type=int, default=100_000, help="rows per table")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=2048, help="samples")
+    p.add_argument("--pooling-factor", type=int, default=20, help="indices per bag")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="calls per measurement (median)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.distribution = "uniform"
+    values, offsets, base, num_rows, rows_of_batch = make_batch(args)
+    segments = kernels.feature_segments(values, offsets, base, num_rows)
+    tables = {"small_pages": torch.empty(rows_of_batch.shape), "huge_pages": empty_table(*rows_of_batch.shape)}
+    for table in tables.values():
+        table.copy_(rows_of_batch)  # first touch: the pages are taken here
+    del rows_of_batch
+    accumulators = {name: torch.zeros(table.shape[0]) for name, table in tables.items()}
+    rows, bounds, picks = kernels.group(segments)
+    grad = torch.randn(args.batch * args.tables, args.dim, generator=torch.Generator().manual_seed(args.seed + 1))
+    times: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for name in tables if r % 2 == 0 else reversed(tables):
+                table, accumulator = tables[name], accumulators[name]
+                times.setdefault(f"lookup/{threads}/{name}", []).append(harness.median_ms(lambda: kernels.pool(table, segments, threads), args.repeats))
+                update = lambda: row_updates.rowwise_adagrad_rows(table, accumulator, rows, bounds, picks, grad, 1e-9, 1e-10)  # noqa: E731
+                times.setdefault(f"update/{threads}/{name}", []).append(harness.median_ms(update, args.repeats))
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    results = []
+    print(f"\n{'part':7s} {'threads':>7s} {'4 KiB ms':>9s} {'huge ms':>8s} {'speed-up':>8s}")
+    for threads in args.threads:
+        for part in ("lookup", "update"):
+            small = statistics.median(times[f"{part}/{threads}/small_pages"])
+            huge = statistics.median(times[f"{part}/{threads}/huge_pages"])
+            results.append(
+                {"part": part, "threads": threads, "small_pages_ms": round(small, 2), "huge_pages_ms": round(huge, 2), "speedup": round(small / huge, 3)}
+            )
+            print(f"{part:7s} {threads:7d} {small:9.2f} {huge:8.2f} {small / huge:8.3f}")
+    share = huge_page_bytes() / (tables["huge_pages"].numel() * 4)  # the other tables are on 4 KiB pages
+    return harness.finish({"config": vars(args), "huge_page_share": round(share, 3), "results": results})
+
+
+if __name__ == "__main__":
+    main()
