@@ -43,7 +43,8 @@ def test_pool_equals_embedding_bag_transposed_to_sample_major(monkeypatch, seed,
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_group_equals_a_stable_sort_of_all_rows(monkeypatch, seed, threads):
-    """Rows 3000 need two radix passes; each row's lookups stay in order, as a stable sort keeps them."""
+    """Tables of 5 and 9 rows are grouped by counting their rows, the one of 3000 rows by a
+    radix sort (two passes); each row's lookups stay in order, as a stable sort keeps them."""
     monkeypatch.setattr(row_kernels, "MIN_ROWS_PER_THREAD", 1)
     values, offsets, base, num_rows, _ = _feature_major_batch(seed, max_bag=30)
     rows, bounds, picks = kernels.group(feature_segments(values, offsets, base, num_rows), threads)
@@ -52,6 +53,20 @@ def test_group_equals_a_stable_sort_of_all_rows(monkeypatch, seed, threads):
     bag = bags.bag_of_row[order]
     assert torch.equal(rows, expected_rows) and torch.equal(bounds, expected_bounds)
     assert torch.equal(picks, (bag % 6) * 3 + bag // 6)  # bag f * B + b pools to output row b * F + f
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouping_by_counting_keeps_to_each_tables_entries_when_no_row_repeats(monkeypatch, threads):
+    """Every lookup of table 0 a distinct row, and rows after its last one: the counting pass
+    fills its table's entries to the last one and no further (the next table's entries are
+    grouped by another thread)."""
+    monkeypatch.setattr(row_kernels, "MIN_ROWS_PER_THREAD", 1)
+    values = torch.tensor([3, 0, 2, 1, 1, 0, 1, 0])  # table 0 (6 rows): 3, 0, 2, 1; table 1 (2 rows): 1, 0, 1, 0
+    segments = feature_segments(values, torch.arange(9), torch.tensor([0, 6]), torch.tensor([6, 2]))
+    assert 6 <= kernels.COUNTING_SORT_ROWS_PER_LOOKUP * 4  # both tables are grouped by counting
+    rows, bounds, picks = kernels.group(segments, threads)
+    assert rows.tolist() == [0, 1, 2, 3, 6, 7] and bounds.tolist() == [0, 1, 2, 3, 4, 6, 8]
+    assert picks.tolist() == [2, 6, 4, 0, 3, 7, 1, 5]  # bag f * 4 + b pools to output row b * 2 + f
 
 
 def test_group_merges_segments_of_one_table_in_order():

@@ -7,9 +7,10 @@ sorts all nnz rows at once and gathers the bag of each sorted entry. At 20 indic
 preparation costs about as much as the pooling itself. Here bags come in ``Segments``: runs of
 bags that all look up one table, with the output row of each bag given by an affine rule, so
 that the pooling writes each bag's vector where the model wants it and reads the indices as
-the batch holds them. The backward groups each table's lookups apart (a stable radix sort of
-its local rows, small enough to stay in cache), tables in parallel (distinct tables never
-share a row).
+the batch holds them. The backward groups each table's lookups apart, tables in parallel
+(distinct tables never share a row): by counting its rows when the table has few rows per
+lookup (multi-hot batches of tables of up to a few hundred thousand rows), else by a stable
+radix sort of its local rows; both stay in cache.
 
 The pooled sums add each bag's rows in order, as ``embedding_bag`` does, and the grouping keeps
 each row's lookups in order, as a stable sort of all rows does: the results are bit for bit
@@ -32,6 +33,9 @@ from distrec.kernels.rows import numpy_views, split_over_threads
 
 DIGIT_BITS = 11
 """Bits of a row sorted per radix pass: 2,048 buckets, whose counts stay in the L1 cache."""
+COUNTING_SORT_ROWS_PER_LOOKUP = 4
+"""A table's lookups are grouped by counting its rows when it has at most this many rows per
+lookup (the pass over the rows costs less than the radix sort's passes over the lookups)."""
 
 
 class IndexOutsideTable(ValueError):
@@ -146,9 +150,36 @@ def _group(
     Table t's lookups fill ``picks[entry_start[t]:entry_start[t + 1]]`` with their output rows,
     row by row (rows increasing, each row's lookups in order); its ``distinct[t]`` rows go to
     ``rows[entry_start[t]:]`` and the start of each row's lookups to ``bounds[entry_start[t]:]``.
+    A table with at most ``COUNTING_SORT_ROWS_PER_LOOKUP`` rows per lookup is grouped by
+    counting its rows (one pass to count, one over the rows, one to place); a larger one by
+    a radix sort of its lookups.
     """
+    counted = np.empty(0, np.int32)  # one count per row of the tables grouped by counting
     for t in range(first, last):
         n = entry_start[t + 1] - entry_start[t]
+        if table_rows[t] <= COUNTING_SORT_ROWS_PER_LOOKUP * n:
+            if counted.shape[0] < table_rows[t]:
+                counted = np.empty(table_rows[t], np.int32)
+            place = counted[: table_rows[t]]
+            place[:] = 0
+            _group_by_counting(
+                values,
+                offsets,
+                bag_start,
+                out_start,
+                out_stride,
+                table_segments[segment_ptr[t] : segment_ptr[t + 1]],
+                table_base[t],
+                place,
+                entry_start[t],
+                n,
+                rows,
+                bounds,
+                picks,
+                distinct,
+                t,
+            )
+            continue
         keys = np.empty(n, np.int64)
         source = np.empty(n, np.int64)
         i = 0
@@ -170,6 +201,35 @@ def _group(
                 u += 1
             picks[e0 + i] = source[i]
         distinct[t] = u - e0
+
+
+@numba.njit(inline="always")
+def _group_by_counting(
+    values, offsets, bag_start, out_start, out_stride, segments, base, place, e0, n, rows, bounds, picks, distinct, t
+):  # pragma: no cover - compiled
+    """``_group`` for table t, whose lookups are in ``segments``, by counting its rows."""
+    for s in segments:
+        for k in range(offsets[bag_start[s]], offsets[bag_start[s + 1]]):
+            place[values[k]] += 1
+    u = e0
+    running = 0
+    end = e0 + n - 1
+    for r in range(place.shape[0]):  # no branch on the count (a third to two thirds of the rows are looked up)
+        c = place[r]
+        if u <= end:  # true up to the table's last distinct row; a row not looked up is overwritten by the next one
+            rows[u] = base + r
+            bounds[u] = e0 + running
+        u += c != 0
+        place[r] = running
+        running += c
+    distinct[t] = u - e0
+    for s in segments:
+        for bag in range(bag_start[s], bag_start[s + 1]):
+            o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
+            for k in range(offsets[bag], offsets[bag + 1]):
+                v = values[k]
+                picks[e0 + place[v]] = o
+                place[v] += 1
 
 
 @numba.njit(inline="always")
