@@ -56,17 +56,23 @@ def make_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
     return values, offsets, torch.arange(args.tables) * args.rows, num_rows, weight
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def batch_parser(description: str, rounds: int, repeats: int) -> argparse.ArgumentParser:
+    """The options of ``make_batch``'s batch and of the timing (rounds, calls per measurement, threads)."""
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", type=int, default=26)
     p.add_argument("--rows", type=int, default=100_000, help="rows per table")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--batch", type=int, default=2048, help="samples")
     p.add_argument("--pooling-factor", type=int, default=20, help="indices per bag")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=7, help="calls per measurement (median)")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--repeats", type=int, default=repeats, help="calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = batch_parser(__doc__, rounds=3, repeats=7)
     p.add_argument("--distribution", choices=["uniform", "zipf"], default="uniform", help=f"indices of each table (zipf: exponent {ZIPF_EXPONENT})")
     args = p.parse_args(argv)
     values, offsets, base, num_rows, weight = make_batch(args)

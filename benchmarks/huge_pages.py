@@ -15,13 +15,12 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 
 import harness
-from bag_kernels import make_batch
+from bag_kernels import batch_parser, make_batch
 from distrec.allocator import empty_table
 from distrec.kernels import bags as kernels
 from distrec.kernels import row_updates
@@ -34,16 +33,7 @@ def huge_page_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tables", type=int, default=26)
-    p.add_argument("--rows", type=int, default=100_000, help="rows per table")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=2048, help="samples")
-    p.add_argument("--pooling-factor", type=int, default=20, help="indices per bag")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=5, help="calls per measurement (median)")
-    p.add_argument("--seed", type=int, default=0)
+    p = batch_parser(__doc__, rounds=5, repeats=5)
     args = p.parse_args(argv)
     args.distribution = "uniform"
     values, offsets, base, num_rows, rows_of_batch = make_batch(args)
