@@ -39,13 +39,17 @@ def _update_kernel(dim: int):
 
     @numba.njit(nogil=True, cache=True)
     def update_rows(weight, accumulator, rows, bounds, picks, grad, neg_lr, eps, rowwise_adagrad, start, end):  # pragma: no cover - compiled
-        """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on rows u in [start, end)."""
+        """SGD (``rowwise_adagrad`` False: ``accumulator`` unused) or row-wise Adagrad on rows u in
+        [start, end). The row ``PREFETCH_DISTANCE`` ahead is fetched early: its weight row, its
+        accumulator and its gradient entries (rows of ``grad`` in random order)."""
         total = stack_vector(dim, grad)
         for u in range(start, end):
             if u + PREFETCH_DISTANCE < end:
                 prefetch_row(weight, rows[u + PREFETCH_DISTANCE])
                 if rowwise_adagrad:
                     prefetch(accumulator, rows[u + PREFETCH_DISTANCE])
+                for k in range(bounds[u + PREFETCH_DISTANCE], bounds[u + PREFETCH_DISTANCE + 1]):
+                    prefetch_row(grad, picks[k])
             _sum_entries(total, grad, picks, bounds[u], bounds[u + 1])
             r = rows[u]
             scale = neg_lr
