@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     def torch_grouping() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bags = feature_major(values, offsets, base)
         rows, bounds, order = group_by_row(bags.rows, weight.shape[0])
-        bag = bags.bag_of_row[order]
+        bag = order if bags.bag_of_row is None else bags.bag_of_row[order]  # None: one row per bag
         return rows, bounds, (bag % args.batch) * args.tables + bag // args.batch  # output row of bag f * B + b
 
     if not torch.equal(kernels.pool(weight, segments).view(args.batch, args.tables, args.dim), torch_lookup()):
