@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
                 {"part": part, "threads": threads, "small_pages_ms": round(small, 2), "huge_pages_ms": round(huge, 2), "speedup": round(small / huge, 3)}
             )
             print(f"{part:7s} {threads:7d} {small:9.2f} {huge:8.2f} {small / huge:8.3f}")
-    share = huge_page_bytes() / (tables["huge_pages"].numel() * 4)  # the other tables are on 4 KiB pages
+    huge = tables["huge_pages"]
+    share = huge_page_bytes() / (huge.numel() * huge.element_size())  # the other tables are on 4 KiB pages
     return harness.finish({"config": vars(args), "huge_page_share": round(share, 3), "results": results})
 
 

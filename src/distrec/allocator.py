@@ -87,9 +87,8 @@ def keep_freed_memory() -> bool:
     """
     if os.environ.get(OPT_OUT_VARIABLE, "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    try:
-        mallopt = _libc().mallopt  # type: ignore[union-attr]
-    except AttributeError:  # no C library, or one without mallopt (musl)
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # no C library, or one without mallopt (musl)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not mallopt(_M_MMAP_THRESHOLD, RETAINED_BYTES) and not mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD):

@@ -156,58 +156,24 @@ def _group(
     """
     counted = np.empty(0, np.int32)  # one count per row of the tables grouped by counting
     for t in range(first, last):
-        n = entry_start[t + 1] - entry_start[t]
+        e0, n = entry_start[t], entry_start[t + 1] - entry_start[t]
+        segments = table_segments[segment_ptr[t] : segment_ptr[t + 1]]
         if table_rows[t] <= COUNTING_SORT_ROWS_PER_LOOKUP * n:
             if counted.shape[0] < table_rows[t]:
                 counted = np.empty(table_rows[t], np.int32)
             place = counted[: table_rows[t]]
             place[:] = 0
-            _group_by_counting(
-                values,
-                offsets,
-                bag_start,
-                out_start,
-                out_stride,
-                table_segments[segment_ptr[t] : segment_ptr[t + 1]],
-                table_base[t],
-                place,
-                entry_start[t],
-                n,
-                rows,
-                bounds,
-                picks,
-                distinct,
-                t,
+            distinct[t] = _group_by_counting(values, offsets, bag_start, out_start, out_stride, segments, table_base[t], place, e0, n, rows, bounds, picks)
+        else:
+            distinct[t] = _group_by_sorting(
+                values, offsets, bag_start, out_start, out_stride, segments, table_base[t], table_rows[t], e0, n, rows, bounds, picks
             )
-            continue
-        keys = np.empty(n, np.int64)
-        source = np.empty(n, np.int64)
-        i = 0
-        for j in range(segment_ptr[t], segment_ptr[t + 1]):
-            s = table_segments[j]
-            for bag in range(bag_start[s], bag_start[s + 1]):
-                o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
-                for k in range(offsets[bag], offsets[bag + 1]):
-                    keys[i] = values[k]
-                    source[i] = o
-                    i += 1
-        keys, source = _radix_sort(keys, source, table_rows[t])
-        e0 = entry_start[t]
-        u = e0
-        for i in range(n):
-            if i == 0 or keys[i] != keys[i - 1]:
-                rows[u] = table_base[t] + keys[i]
-                bounds[u] = e0 + i
-                u += 1
-            picks[e0 + i] = source[i]
-        distinct[t] = u - e0
 
 
 @numba.njit(inline="always")
-def _group_by_counting(
-    values, offsets, bag_start, out_start, out_stride, segments, base, place, e0, n, rows, bounds, picks, distinct, t
-):  # pragma: no cover - compiled
-    """``_group`` for table t, whose lookups are in ``segments``, by counting its rows."""
+def _group_by_counting(values, offsets, bag_start, out_start, out_stride, segments, base, place, e0, n, rows, bounds, picks):  # pragma: no cover - compiled
+    """``_group`` for one table, whose lookups are in ``segments``, by counting its rows in
+    ``place`` (zeros, one per row); returns its distinct rows."""
     for s in segments:
         for k in range(offsets[bag_start[s]], offsets[bag_start[s + 1]]):
             place[values[k]] += 1
@@ -222,7 +188,6 @@ def _group_by_counting(
         u += c != 0
         place[r] = running
         running += c
-    distinct[t] = u - e0
     for s in segments:
         for bag in range(bag_start[s], bag_start[s + 1]):
             o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
@@ -230,6 +195,32 @@ def _group_by_counting(
                 v = values[k]
                 picks[e0 + place[v]] = o
                 place[v] += 1
+    return u - e0
+
+
+@numba.njit(inline="always")
+def _group_by_sorting(values, offsets, bag_start, out_start, out_stride, segments, base, num_rows, e0, n, rows, bounds, picks):  # pragma: no cover - compiled
+    """``_group`` for one table, whose lookups are in ``segments``, by a radix sort of its
+    lookups; returns its distinct rows."""
+    keys = np.empty(n, np.int64)
+    source = np.empty(n, np.int64)
+    i = 0
+    for s in segments:
+        for bag in range(bag_start[s], bag_start[s + 1]):
+            o = out_start[s] + (bag - bag_start[s]) * out_stride[s]
+            for k in range(offsets[bag], offsets[bag + 1]):
+                keys[i] = values[k]
+                source[i] = o
+                i += 1
+    keys, source = _radix_sort(keys, source, num_rows)
+    u = e0
+    for i in range(n):
+        if i == 0 or keys[i] != keys[i - 1]:
+            rows[u] = base + keys[i]
+            bounds[u] = e0 + i
+            u += 1
+        picks[e0 + i] = source[i]
+    return u - e0
 
 
 @numba.njit(inline="always")

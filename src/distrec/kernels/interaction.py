@@ -77,6 +77,7 @@ def _backward_kernel(num_sparse: int, dim: int, has_dense: bool, self_pair: bool
         pair_grad = stack_vector(cells, grad)  # S, row-major
         total = stack_vector(dim, grad)
         for b in range(start, end):
+            first = x[b] if dense else e[b, 0]  # v_0
             c = dim * dense
             for i in range(vectors):
                 if self_pair:  # d(v_i . v_i) / dv_i = 2 v_i
@@ -89,7 +90,6 @@ def _backward_kernel(num_sparse: int, dim: int, has_dense: bool, self_pair: bool
                     pair_grad[j * vectors + i] = grad[b, c]
                     c += 1
             for i in range(vectors):
-                first = x[b] if dense else e[b, 0]
                 s = pair_grad[i * vectors]
                 for d in range(dim):
                     total[d] = s * first[d]
