@@ -17,6 +17,7 @@ import torch
 from distrec import config
 from distrec.data import Dataset, prepare
 from distrec.hotline.distributed import replicated_hot_embeddings
+from distrec.hotline.replicated import ReplicatedHotEmbedding
 from distrec.models.build import build_model
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
@@ -84,6 +85,42 @@ def test_four_ranks_with_every_sharding_type_equal_the_sharded_trainer(cache, tm
     plan = _mixed_plan(cache, 4, tmp_path / "plan.json")
     summary = _train_both(cache, tmp_path, 4, "sgd", plan=str(plan))
     assert summary["hotline"]["relearns"] == 2 and summary["hotline"]["popular_fraction"] > 0
+
+
+SKEWED = ("data.synthetic.zipf_exponents=[8,0,8,0,8]",)  # features 0, 2 and 4 look up almost only row 1
+
+
+def _train_counting_cold_features(rank: int, world_size: int, cfg: config.RunConfig, out: Path) -> list[int]:
+    """``train_on_rank``, recording how many features each step's cold exchange carried."""
+    carried = []
+    cold_features = ReplicatedHotEmbedding._cold_features
+
+    def counted(self) -> list[int] | None:
+        features = cold_features(self)
+        carried.append(len(self.tables) if features is None else len(features))
+        return features
+
+    ReplicatedHotEmbedding._cold_features = counted
+    train_on_rank(rank, world_size, cfg, out)
+    return carried
+
+
+def test_features_without_cold_lookups_stay_out_of_the_exchange(tmp_path):
+    """With three features whose lookups are all hot after the first re-learning, the cold
+    exchange leaves them out, and training still equals the sharded trainer's."""
+    cache = tmp_path / "cache"
+    prepare(tiny_config(cache, STEPS, SKEWED).data, progress=False)
+    plan = _mixed_plan(cache, 4, tmp_path / "plan.json")
+    runs = {}
+    for hotline in (False, True):
+        runs[hotline] = tmp_path / str(hotline)
+        cfg = tiny_config(cache, STEPS, ("train.optimizer=sgd", *SKEWED, *(HOTLINE if hotline else [])), plan=str(plan))
+        carried = run_distributed(_train_counting_cold_features, 4, cfg, runs[hotline])
+    for per_rank in carried:
+        assert per_rank[:3] == [5, 5, 5] and min(per_rank[3:]) < 5  # all cold before the first re-learning
+    a, b = _parameters(runs[False]), _parameters(runs[True])
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 def _round_trip(rank: int, world_size: int, cache: Path, plan_path: Path) -> None:

@@ -5,7 +5,7 @@ import torch
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.hot_lookups import find_hot_lookups, touched_bits
+from distrec.hotline.hot_lookups import cold_feature_bits, find_hot_lookups, touched_bits
 from distrec.hotline.hot_set import is_popular
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.tables import TableConfig
@@ -42,6 +42,16 @@ def test_the_kernel_finds_what_the_torch_operators_find(max_bag, hot_fraction):
 
 def test_touched_bits_set_one_bit_per_looked_up_row():
     assert touched_bits(torch.tensor([0, 9, 9, 3]), 11).tolist() == [0b1001, 0b10]
+
+
+def test_cold_feature_bits_name_the_features_with_an_index_not_hot():
+    # 2 samples x 10 features; bags: feature 0 [a, b], feature 1 [] [c], feature 9 [d], the rest empty
+    offsets = torch.tensor([0, 2, 2, 2, 3] + [3] * 14 + [3, 4])
+    batch = Batch(torch.zeros(2, 1), torch.zeros(4, dtype=torch.int64), offsets, torch.zeros(2))
+    assert cold_feature_bits(batch, torch.tensor([True, False, True, False]), 10).tolist() == [0b1, 0b10]  # features 0 and 9
+    assert cold_feature_bits(batch, torch.ones(4, dtype=torch.bool), 10).tolist() == [0, 0]
+    empty = Batch(torch.zeros(0, 1), torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(0))
+    assert cold_feature_bits(empty, torch.zeros(0, dtype=torch.bool), 10).tolist() == [0, 0]
 
 
 def test_an_empty_batch_and_bad_indices():

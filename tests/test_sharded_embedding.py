@@ -37,9 +37,11 @@ def _plan(kind: str, world: int) -> ShardingPlan:
     return ShardingPlan(world, placements)
 
 
-def _global_batch(batch_size: int, seed: int) -> Batch:
+def _global_batch(batch_size: int, seed: int, empty: tuple[int, ...] = ()) -> Batch:
+    """Random bags of 0-3 indices; every bag of the features ``empty`` empty."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 4, (len(TABLES), batch_size), generator=g)  # includes empty bags
+    lengths[list(empty)] = 0
     values = torch.cat([torch.randint(0, t.num_rows, (int(lengths[f].sum()),), generator=g) for f, t in enumerate(TABLES)])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
@@ -64,30 +66,34 @@ def _reference(batch: Batch, weights: dict[str, torch.Tensor], upstream: torch.T
     return pooled.detach(), {k: p.grad for k, p in params.items()}
 
 
-def _check_rank(rank: int, world: int, kind: str, batch_size: int) -> None:
+def _check_rank(rank: int, world: int, kind: str, batch_size: int, features: list[int] | None = None) -> int:
+    """Forward and backward against plain embedding bags; with ``features``, only those are
+    exchanged and every other feature's bags are empty. Returns the output exchange's bytes."""
     torch.manual_seed(0)
     plan = _plan(kind, world)
     weights = _full_weights()
-    batch = _global_batch(batch_size, seed=3)
+    batch = _global_batch(batch_size, seed=3, empty=tuple(f for f in range(len(TABLES)) if features is not None and f not in features))
     upstream = torch.randn(batch_size, len(TABLES), 8, generator=torch.Generator().manual_seed(5))
     ref_out, ref_grads = _reference(batch, weights, upstream)
 
     module = ShardedEmbeddingBagCollection.from_full_weights(TABLES, plan, weights)
     per = batch_size // world
     lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else batch_size
-    out = module(batch.slice(lo, hi))
+    out = module(batch.slice(lo, hi), features)
     torch.testing.assert_close(out, ref_out[lo:hi], rtol=1e-6, atol=1e-6)
     (out * upstream[lo:hi]).sum().mul(world).backward()
     module.sync_replica_grads()
     for unit, _ in module.local_blocks():
         k = module.local_units.index(unit)
-        grad = module.weights[module.unit_group[k]].grad.to_dense()
+        weight = module.weights[module.unit_group[k]]
+        grad = weight.grad.to_dense() if weight.grad is not None else torch.zeros_like(weight)  # None: no unit of its width looked up
         base = module.unit_base[k]
         got = grad[base : base + unit.num_rows]
         want = ref_grads[unit.table][unit.row_start : unit.row_end, unit.col_start : unit.col_end]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for p, i in zip(module.replicas, module.replicated):
         torch.testing.assert_close(p.grad.to_dense(), ref_grads[TABLES[i].name], rtol=1e-5, atol=1e-5)
+    return module.stats.output_bytes
 
 
 @pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed", "rank_zero"])
@@ -97,6 +103,17 @@ def test_two_ranks_match_plain_embedding_bags(kind):
 
 def test_four_ranks_mixed_plan_with_uneven_batch():
     run_distributed(_check_rank, 4, "mixed", 11)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_exchanging_only_the_features_with_indices_matches_and_sends_less(world):
+    """Features 1 (column-wise) and 4 (table-wise) have no indices and stay out of the
+    exchange: the same vectors and gradients, their zero vectors not sent."""
+    full = run_distributed(_check_rank, world, "mixed", 11, None)
+    some = run_distributed(_check_rank, world, "mixed", 11, [0, 2, 3])
+    for rank in range(world):
+        assert some[rank] < full[rank] or full[rank] == 0
+    assert sum(some) < sum(full)
 
 
 def _wrong_world(rank: int, world: int) -> str:

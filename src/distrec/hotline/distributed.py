@@ -32,7 +32,7 @@ from torch import nn
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
-from distrec.hotline.hot_lookups import find_hot_lookups
+from distrec.hotline.hot_lookups import cold_feature_bits, find_hot_lookups
 from distrec.hotline.hot_set import hot_row_bytes, select_hot_set, split_batch
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
@@ -109,7 +109,7 @@ class DistributedHotlineTraining:
         if self.logger is not None and self._relearns_later():
             self.logger.observe(self.embeddings.space.batch_ids(batch))
         hot, positions, popular_mask, touched = find_hot_lookups(batch, self.embeddings.space, self.embeddings.hot_ids)
-        self.embeddings.share_touched_rows(touched)
+        self.embeddings.share_touched_rows(touched, cold_feature_bits(batch, hot, len(self.embeddings.tables)))
         num_popular = int(popular_mask.sum())
         normalizer = normalizer or size
         try:

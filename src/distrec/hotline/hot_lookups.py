@@ -44,6 +44,17 @@ def touched_bits(positions: torch.Tensor, num_rows: int) -> torch.Tensor:
     return (bits.view(-1, 8) << torch.arange(8, dtype=torch.uint8, device=bits.device)).sum(1, dtype=torch.uint8)
 
 
+def cold_feature_bits(batch: Batch, hot: torch.Tensor, num_features: int) -> torch.Tensor:
+    """One bit per feature of ``batch`` (of ``num_features``) set where some index is not hot
+    (``hot``: bool [nnz]): uint8 [ceil(num_features / 8)], bit ``f % 8`` of byte ``f // 8``."""
+    if batch.batch_size == 0:
+        return touched_bits(hot.new_zeros(0, dtype=torch.int64), num_features)
+    cold_before = torch.zeros(hot.numel() + 1, dtype=torch.int64, device=hot.device)
+    torch.cumsum(~hot, 0, out=cold_before[1:])
+    bounds = batch.sparse_offsets[:: batch.batch_size]  # [F + 1]: where each feature's indices start
+    return touched_bits(torch.nonzero(cold_before[bounds[1:]] > cold_before[bounds[:-1]]).view(-1), num_features)
+
+
 def find_hot_lookups(batch: Batch, space: RowSpace, hot_ids: torch.Tensor) -> HotLookups:
     """The hot lookups of ``batch`` (see ``HotLookups``); raises DistrecError when an index lies
     outside its table or the batch has another number of features than ``space`` has tables."""

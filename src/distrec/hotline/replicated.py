@@ -5,8 +5,9 @@ small table of the hot rows; all other rows stay in the ranks' shards of a
 :class:`~distrec.parallel.sharded_embedding.ShardedEmbeddingBagCollection`. A lookup of a
 hot row is answered from the local copy and never travels: a popular micro-batch (every
 index hot) runs with no embedding all-to-all at all, and a non-popular one sends only its
-cold indices through the sharded exchange. Sum pooling is additive, so a bag's vector is
-the sum of its hot part and its cold part.
+cold indices through the sharded exchange, which carries only the features with a cold
+lookup on some rank in this step (the others' bags would all be empty). Sum pooling is
+additive, so a bag's vector is the sum of its hot part and its cold part.
 
 Every row is updated in exactly one place. A hot row's slot in its owner's shard is stale
 and never looked up (its indices are filtered out of the exchange); the gradients of the hot
@@ -115,7 +116,8 @@ class ReplicatedHotEmbedding(nn.Module):
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
         self._known: tuple[torch.Tensor, torch.Tensor, Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
-        self._touched: tuple[torch.Tensor, dist.Work] | None = None  # bit-packed touched hot rows, their pending union
+        # this step's bits of touched hot rows, then of features with cold lookups; their pending union
+        self._touched: tuple[torch.Tensor, dist.Work] | None = None
         self.stats = ExchangeStats()  # of the last forward's sharded exchange (zero after a local-only forward)
         self.reduce_bytes = 0  # sent by the last sync_gradients (and its share_touched_rows)
 
@@ -154,7 +156,7 @@ class ReplicatedHotEmbedding(nn.Module):
         """
         if hot is None:
             hot = find_hot_lookups(batch, self.space, self.hot_ids).hot
-        pooled = self.cold(keep_indices(batch, ~hot))
+        pooled = self.cold(keep_indices(batch, ~hot), self._cold_features())
         return pooled, self.cold.stats
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -188,28 +190,45 @@ class ReplicatedHotEmbedding(nn.Module):
         return pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
 
     # --- gradients --------------------------------------------------------------------------
-    def share_touched_rows(self, touched: torch.Tensor) -> None:
-        """Start the union over the ranks of the hot rows this step looks up (a collective,
-        asynchronous: ``sync_gradients`` waits for it).
+    def share_touched_rows(self, touched: torch.Tensor, cold_features: torch.Tensor | None = None) -> None:
+        """Start the union over the ranks of the hot rows this step looks up and, if given, of
+        the features with cold lookups (one collective, asynchronous: ``sync_gradients`` and
+        the step's cold exchange wait for it).
 
         Args:
             touched: uint8 [ceil(H / 8)], one bit per hot row this rank's mini-batch looks up
                 (``HotLookups.touched``).
+            cold_features: uint8 [ceil(F / 8)], one bit per feature with a cold lookup in this
+                rank's mini-batch (``cold_feature_bits``); the cold exchange then carries only
+                the features of the union. None: every feature.
         """
         if self._touched is not None:  # the last step stopped before its sync_gradients
             self._hot_grad.zero_()
-        self._touched = (touched, dist.all_reduce(touched, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
+        packed = touched if cold_features is None else torch.cat([touched, cold_features])
+        self._touched = (packed, dist.all_reduce(packed, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
+
+    def _union(self, start: int, count: int) -> torch.Tensor:
+        """Positions int64 (ascending) of the set bits among ``count`` bits from byte ``start``
+        of the union ``share_touched_rows`` started (waits for it)."""
+        packed, work = self._touched
+        work.wait()
+        bits = (packed[start:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
+        return torch.nonzero(bits.view(-1)[:count]).view(-1)
 
     def _touched_rows(self) -> torch.Tensor:
-        """Positions int64 [T] (ascending) of the hot rows some rank looked up this step,
-        from the union ``share_touched_rows`` started."""
+        """Positions int64 [T] (ascending) of the hot rows some rank looked up this step."""
         if self._touched is None:
             raise RuntimeError("sync_gradients needs share_touched_rows first in every step")
-        packed, work = self._touched
+        rows = self._union(0, self.hot_ids.numel())
         self._touched = None
-        work.wait()
-        bits = (packed.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
-        return torch.nonzero(bits.view(-1)[: self.hot_ids.numel()]).view(-1)
+        return rows
+
+    def _cold_features(self) -> list[int] | None:
+        """The features some rank looks up cold rows of in this step (None: not shared, every feature)."""
+        touched_bytes = (self.hot_ids.numel() + 7) // 8
+        if self._touched is None or self._touched[0].numel() == touched_bytes:
+            return None
+        return self._union(touched_bytes, len(self.tables)).tolist()
 
     def sync_gradients(self, dense: list[nn.Parameter]) -> None:
         """Average ``dense`` gradients and the hot table's over the ranks (a collective), then

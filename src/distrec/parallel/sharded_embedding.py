@@ -91,6 +91,18 @@ def lookup_units(tables: list[TableConfig], plan: ShardingPlan) -> list[LookupUn
     return sorted(units, key=lambda u: (u.rank, u.feature, u.row_start, u.col_start))
 
 
+@dataclass(frozen=True)
+class Routes:
+    """The lookup units one forward exchanges: all of them, or those of some features."""
+
+    units: list[LookupUnit]
+    """Exchanged units, in the module's ``units`` order."""
+    units_on: list[list[LookupUnit]]
+    """Exchanged units per owning rank."""
+    local: list[int]
+    """Positions in the module's ``local_units`` of this rank's exchanged units."""
+
+
 @dataclass
 class ExchangeStats:
     """Bytes and milliseconds of the last forward's exchanges on this rank."""
@@ -144,6 +156,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.replicated = [i for i, t in enumerate(tables) if plan.placement(t.name).sharding == "data_parallel"]
         self.replicas = nn.ParameterList([nn.Parameter(empty_table(tables[i].num_rows, self.dim, device)) for i in self.replicated])
         self.stats = ExchangeStats()
+        self.every_unit = self.routes(None)
+
+    def routes(self, features: list[int] | None) -> Routes:
+        """The units exchanged when only ``features`` (feature numbers; None: all) are looked up."""
+        wanted = None if features is None else set(features)
+
+        def keep(u: LookupUnit) -> bool:
+            return wanted is None or u.feature in wanted
+
+        return Routes(
+            units=[u for u in self.units if keep(u)],
+            units_on=[[u for u in units if keep(u)] for units in self.units_on],
+            local=[k for k, u in enumerate(self.local_units) if keep(u)],
+        )
 
     # --- construction ------------------------------------------------------------------
     @torch.no_grad()
@@ -181,12 +207,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return batch.sparse_offsets.new_zeros(len(self.tables), 0)
         return batch.lengths()
 
-    def _send_buffers(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    def _send_buffers(self, batch: Batch, routes: Routes) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
         """Per destination rank: bag lengths, indices (local rows) and the index count."""
         lengths = self._bag_lengths(batch)
         per_feature: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         send_lengths, send_values, nnz = [], [], []
-        for units in self.units_on:
+        for units in routes.units_on:
             lens, vals = [], []
             for u in units:
                 if u.feature not in per_feature:
@@ -205,19 +231,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
             nnz.append(int(send_values[-1].numel()))
         return send_lengths, send_values, nnz
 
-    def _pool(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[torch.Tensor]:
-        """Pool received bags (ordered source, unit, sample) with one ``embedding_bag`` per width group.
+    def _pool(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int], local: list[int]) -> list[torch.Tensor]:
+        """Pool received bags (ordered source, unit, sample; the units ``local``, positions in
+        ``local_units``) with one ``embedding_bag`` per width group.
 
         Returns, per width group, its bags' vectors in (source, unit, sample) order,
         [bags of the group, width]. The fused weights get sparse gradients (``pool_sum``:
         one entry per distinct row with multi-hot bags, so no per-index gradient is made).
         """
         if len(self.weights) == 1 and values.numel() != lengths.numel() and pools_by_kernels(self.weights[0]):
-            return [self._pool_segments(lengths, values, source_batch)]
-        n_local = len(self.local_units)
+            return [self._pool_segments(lengths, values, source_batch, local)]
         device = values.device
-        # unit index and source of every received bag
-        unit_of_bag = torch.cat([torch.arange(n_local, device=device).repeat_interleave(b) for b in source_batch])
+        # unit (position in local_units) of every received bag
+        units = torch.tensor(local, dtype=torch.int64, device=device)
+        unit_of_bag = torch.cat([units.repeat_interleave(b) for b in source_batch])
         base = torch.tensor(self.unit_base, device=device, dtype=values.dtype)
         group_of_unit = torch.tensor(self.unit_group, device=device)
         rows = values + torch.repeat_interleave(base[unit_of_bag], lengths, output_size=values.numel())
@@ -235,16 +262,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
             pooled_by_group.append(pool_sum(weight, bags_of_rows(g_rows, g_offsets)))
         return pooled_by_group
 
-    def _pool_segments(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> torch.Tensor:
+    def _pool_segments(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int], local: list[int]) -> torch.Tensor:
         """``_pool`` of multi-hot bags into one fused weight, by the bag kernels (``pool_segments``):
         each (source, unit) run of bags is a segment of that unit's rows."""
-        n_local = len(self.local_units)
+        n_local = len(local)
         kernels = compiled("bags")
         bag_start = torch.zeros(len(source_batch) * n_local + 1, dtype=torch.int64)
         torch.cumsum(torch.tensor(source_batch, dtype=torch.int64).repeat_interleave(n_local), 0, out=bag_start[1:])
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=offsets[1:])
-        units = torch.arange(n_local, dtype=torch.int64)
+        units = torch.tensor(local, dtype=torch.int64)
         segments = kernels.Segments(
             values,
             offsets,
@@ -267,68 +294,76 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 f"hash indices into [0, {table.num_rows}) or enlarge the table"
             ) from None
 
-    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int]) -> list[list[torch.Tensor]]:
-        """Pool received bags (ordered source, unit, sample); returns pieces[source][unit] of [B_s, width].
+    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int], local: list[int] | None = None) -> list[list[torch.Tensor]]:
+        """Pool received bags (ordered source, unit, sample; the units ``local``, positions in
+        ``local_units``, default all); returns pieces[source][unit] of [B_s, width].
 
         The pieces come from one ``split`` per width group, whose backward assembles the
         gradient in one pass (slicing piece by piece would zero-fill the whole gradient once
         per piece).
         """
-        n_local = len(self.local_units)
-        pieces: list[list[torch.Tensor]] = [[None] * n_local for _ in range(self.world_size)]  # type: ignore[list-item]
-        if n_local == 0:
+        local = self.every_unit.local if local is None else local
+        pieces: list[list[torch.Tensor]] = [[None] * len(local) for _ in range(self.world_size)]  # type: ignore[list-item]
+        if not local:
             return pieces
         chunks = [
-            iter(pooled.split([b for b in source_batch for g_unit in self.unit_group if g_unit == g]))
-            for g, pooled in enumerate(self._pool(lengths, values, source_batch))
+            iter(pooled.split([b for b in source_batch for k in local if self.unit_group[k] == g]))
+            for g, pooled in enumerate(self._pool(lengths, values, source_batch, local))
         ]
         for s in range(self.world_size):
-            for k in range(n_local):
-                pieces[s][k] = next(chunks[self.unit_group[k]])
+            for j, k in enumerate(local):
+                pieces[s][j] = next(chunks[self.unit_group[k]])
         return pieces
 
-    def exchange_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Step 1, the input all-to-all: the bags every rank sends to this rank's shards.
+    def exchange_inputs(self, batch: Batch, routes: Routes | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Step 1, the input all-to-all: the bags every rank sends to this rank's shards (of
+        ``routes``' units; default all).
 
         Returns the received bag lengths and indices (local rows), ordered (source, unit,
         sample), and each source's batch size. Sets ``stats`` to a fresh ExchangeStats with
         ``input_bytes`` and ``input_ms``.
         """
         t0 = time.perf_counter()
+        routes = routes or self.every_unit
         b_local = batch.batch_size
-        send_lengths, send_values, nnz = self._send_buffers(batch)
+        send_lengths, send_values, nnz = self._send_buffers(batch, routes)
         device = batch.sparse_values.device
         # splits exchange: (batch size, index count) for every pair of ranks
         counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=device)
         ones = [1] * self.world_size
         recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
         source_batch = [int(c[0]) for c in recv_counts]
-        n_local = len(self.local_units)
-        recv_lengths = all_to_all(torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in self.units_on], self.group)
+        n_local = len(routes.local)
+        recv_lengths = all_to_all(torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in routes.units_on], self.group)
         recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
         sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
         self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(time.perf_counter() - t0) * 1e3)
         return recv_lengths, recv_values, source_batch
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
+    def forward(self, batch: Batch, features: list[int] | None = None) -> torch.Tensor:
+        """Pooled embeddings of this rank's samples, float32 [B_local, F, D].
+
+        With ``features`` (the same on every rank) only those features' bags are exchanged
+        and looked up; the other sharded features' vectors are zeros, which is exact when
+        none of their bags holds an index (e.g. every index was answered elsewhere).
+        """
+        routes = self.every_unit if features is None else self.routes(features)
         b_local = batch.batch_size
-        recv_lengths, recv_values, source_batch = self.exchange_inputs(batch)
+        recv_lengths, recv_values, source_batch = self.exchange_inputs(batch, routes)
         t1 = time.perf_counter()
-        n_local = len(self.local_units)
-        width = sum(u.width for u in self.local_units)
+        width = sum(self.local_units[k].width for k in routes.local)
         send_splits = [b * width for b in source_batch]
-        if n_local == 0:  # still a graph node, so that this rank joins the backward exchange
+        if not routes.local:  # still a graph node, so that this rank joins the backward exchange
             send = batch.dense.new_zeros(0).requires_grad_()
         elif len(self.weights) == 1:  # already in (source, unit, sample) order
-            send = self._pool(recv_lengths, recv_values, source_batch)[0].reshape(-1)
+            send = self._pool(recv_lengths, recv_values, source_batch, routes.local)[0].reshape(-1)
         else:
-            pieces = self._lookup(recv_lengths, recv_values, source_batch)
+            pieces = self._lookup(recv_lengths, recv_values, source_batch, routes.local)
             send = torch.cat([p.reshape(-1) for per_source in pieces for p in per_source])
         t2 = time.perf_counter()
         recv = differentiable_all_to_all(
             send,
-            [b_local * sum(u.width for u in units) for units in self.units_on],
+            [b_local * sum(u.width for u in units) for units in routes.units_on],
             send_splits,
             self.group,
             grad_scale=1.0 / self.world_size,
@@ -337,13 +372,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.stats.output_bytes = send.numel() * send.element_size()
         self.stats.lookup_ms = (t2 - t1) * 1e3
         self.stats.output_ms = (t3 - t2) * 1e3
-        return self._assemble(recv, b_local, batch)
+        return self._assemble(recv, b_local, batch, routes.units)
 
-    def _assemble(self, recv: torch.Tensor, b_local: int, batch: Batch) -> torch.Tensor:
-        """Place received blocks (and local replicas) into [B_local, F, D]."""
+    def _assemble(self, recv: torch.Tensor, b_local: int, batch: Batch, units: list[LookupUnit]) -> torch.Tensor:
+        """Place received blocks of ``units`` (and local replicas) into [B_local, F, D]; a
+        feature with neither gets zeros."""
         blocks: dict[int, list[tuple[LookupUnit | None, torch.Tensor]]] = defaultdict(list)
-        received = recv.split([b_local * u.width for u in self.units])
-        for u, block in zip(self.units, received):
+        received = recv.split([b_local * u.width for u in units])
+        for u, block in zip(units, received):
             blocks[u.feature].append((u, block.view(b_local, u.width)))
         lengths = self._bag_lengths(batch)
         for p, i in zip(self.replicas, self.replicated):
@@ -353,7 +389,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         features = []
         for f in range(len(self.tables)):
             parts = blocks[f]
-            if parts[0][0] is not None and parts[0][0].row_wise:
+            if not parts:
+                features.append(recv.new_zeros(b_local, self.dim))
+            elif parts[0][0] is not None and parts[0][0].row_wise:
                 features.append(torch.stack([t for _, t in parts]).sum(0))
             elif len(parts) == 1:
                 features.append(parts[0][1])
