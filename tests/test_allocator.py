@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from distrec.allocator import HUGE_PAGE_BYTES, OPT_OUT_VARIABLE, empty_table
+from memory_maps import middle, vm_flags
 
 # Allocates and fills a 64 MiB tensor 8 times after a warm-up, reporting minor page faults.
 # During the warm-up glibc's heap grows (a freed block is just too small for the next aligned
@@ -41,22 +42,7 @@ def test_freed_blocks_are_reused_unless_opted_out():
     assert kept["faults"] < pages / 20
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds ``address`` (Linux's /proc/self/smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(part, 16) for part in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page advice is Linux's")
 def test_a_table_is_advised_onto_huge_pages():
     table = empty_table(HUGE_PAGE_BYTES // 16, 16)  # 4 huge pages of float32
     assert table.shape == (HUGE_PAGE_BYTES // 16, 16) and table.dtype == torch.float32
-    assert "hg" in _vm_flags(table.data_ptr() + table.numel() * table.element_size() // 2)
+    assert "hg" in vm_flags(middle(table))

@@ -1,13 +1,16 @@
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from distrec.allocator import HUGE_PAGE_BYTES
 from distrec.errors import DistrecError
 from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, SavedRows
 from distrec.hotline.tiers import TwoTierStore
+from memory_maps import middle, vm_flags
 
 ROWS, WIDTH, DIM = 50, 5, 4  # 4 weights and 1 optimizer-state float per row
 
@@ -133,6 +136,15 @@ def test_save_and_load_keep_every_row_of_both_tiers(tmp_path):
         assert torch.equal(other.gather(torch.arange(ROWS)), reference)
         other.set_hot(np.array([], dtype=np.int64))
         assert torch.equal(other.slow, reference)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are Linux's")
+def test_the_fast_tier_and_a_ram_slow_tier_are_asked_onto_huge_pages(tmp_path):
+    rows = HUGE_PAGE_BYTES // (WIDTH * 4) * 4  # 4 huge pages of rows
+    store = TwoTierStore(rows, WIDTH, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, WIDTH), slow="host")
+    with store:
+        store.set_hot(np.arange(rows // 2))
+        assert "hg" in vm_flags(middle(store.fast)) and "hg" in vm_flags(middle(store.slow))
 
 
 def saved(directory) -> torch.Tensor:

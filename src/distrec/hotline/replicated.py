@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 
+from distrec.allocator import empty_table
 from distrec.data.batch import Batch
 from distrec.hotline.hot_lookups import find_hot_lookups
 from distrec.hotline.rows import RowSpace, find_sorted
@@ -275,9 +276,9 @@ class ReplicatedHotEmbedding(nn.Module):
         rows[stays] = old_rows[old_pos[stays]]
         rows[~stays] = self._read_rows(ids[~stays], old_rows.shape[1], optimizer)
         self.hot_ids = ids
-        self.hot_weight.data = rows[:, : self.dim].contiguous()
+        self.hot_weight.data = empty_table(ids.numel(), self.dim, rows.device).copy_(rows[:, : self.dim])  # on huge pages, like the shards
         self.hot_weight.grad = None
-        self._hot_grad = torch.zeros_like(self.hot_weight.data)
+        self._hot_grad = empty_table(ids.numel(), self.dim, rows.device).zero_()
         if optimizer is not None:
             state = self._row_state(optimizer, self.hot_weight)
             for k, key in enumerate(state):

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from distrec.allocator import empty_table
 from distrec.errors import DistrecError
 from distrec.hotline.readahead import RowReadahead
 from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, FileIdentity, SavedRows, find_base, link_base, write_rows
@@ -176,7 +177,7 @@ class TwoTierStore:
         elif self.slow_directory is not None:
             self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
         else:
-            self._slow = torch.empty((num_rows, width), pin_memory=self.device.type == "cuda")
+            self._slow = torch.empty((num_rows, width), pin_memory=True) if self.device.type == "cuda" else empty_table(num_rows, width)
         if self.slow_directory is not None and readahead:
             self.readahead = RowReadahead(self._slow)
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -272,7 +273,7 @@ class TwoTierStore:
         self._changed[old[leaving]] = True
         old_slot = self._slot_of[new].long()
         was_hot = old_slot >= 0
-        fast = torch.empty((new.numel(), self.width), device=self.device)
+        fast = empty_table(new.numel(), self.width, self.device)
         fast[was_hot.to(self.device)] = self.fast[old_slot[was_hot].to(self.device)]
         entering = ~was_hot
         fast[entering.to(self.device)] = self._read_slow(new[entering], self.width).to(self.device, non_blocking=True)
@@ -352,12 +353,13 @@ class TwoTierStore:
 
     def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True) -> torch.Tensor:
         """The first ``width`` floats of slow-tier rows ``ids``, in pinned memory when the
-        fast tier is on CUDA (so the copy to the device can run asynchronously). With
-        ``ahead``, the disk tier's reads of all the rows are started together first."""
+        fast tier is on CUDA (so the copy to the device can run asynchronously), else on
+        huge pages (it may become the fast tier). With ``ahead``, the disk tier's reads of
+        all the rows are started together first."""
         ids = ids.cpu()
         if ahead and self.readahead is not None:
             self.readahead(ids)
-        out = torch.empty((ids.numel(), width), pin_memory=self.device.type == "cuda")
+        out = torch.empty((ids.numel(), width), pin_memory=True) if self.device.type == "cuda" else empty_table(ids.numel(), width)
         return torch.index_select(self.slow[:, :width], 0, ids, out=out)
 
     def close(self) -> None:
