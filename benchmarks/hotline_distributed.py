@@ -16,6 +16,8 @@ about as many rows), DLRM with bottom MLP 256-64-16 and top MLP 256, SGD, table-
 - ``sharded``: every lookup through the all-to-all, DDP for the dense layers;
 - ``hotline``: ``--hotline``: hot rows replicated on every rank; the hot set is learned from
   rank 0's first ``--learn-steps`` mini-batches (sample rate 1) and the timed steps follow.
+  The default 200 (205k samples, as many as ``hotline.py`` samples) makes about 71% of the
+  inputs popular, as there; 30 gave 62%.
 
 Per step (the timed steps: after the hot set's first selection and one more step): the
 slowest rank's wall time of the training step (samples/s = global batch / its median), and
@@ -253,7 +255,7 @@ def main() -> None:
         worker(sys.argv[2])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = dict(procs=4, batch_size=1024, big_rows=8_000_000, dim=16, zipf=1.05, hot_budget="4MB", learn_steps=30, timed_steps=20, rounds=3,
+    defaults = dict(procs=4, batch_size=1024, big_rows=8_000_000, dim=16, zipf=1.05, hot_budget="4MB", learn_steps=200, timed_steps=20, rounds=3,
                     bandwidth="1gbit", latency_ms=0.2)  # fmt: skip
     harness.add_options(parser, defaults, {
         "batch_size": "samples per rank and step (the global batch is procs times this)",
