@@ -46,7 +46,7 @@ class _AllToAll(torch.autograd.Function):
         output_splits, input_splits = ctx.splits
         back = all_to_all(grad, input_splits, output_splits, ctx.group)
         if ctx.grad_scale != 1.0:
-            back = back * ctx.grad_scale
+            back.mul_(ctx.grad_scale)  # a fresh buffer: scaled where it lies
         return back, None, None, None, None
 
 
@@ -77,7 +77,7 @@ class _ReduceScatter(torch.autograd.Function):
     def backward(ctx, grad):
         back = grad.new_empty(grad.shape[0] * dist.get_world_size(ctx.group), *grad.shape[1:])
         _all_gather_single(back, grad.contiguous(), group=ctx.group)
-        return back * ctx.grad_scale if ctx.grad_scale != 1.0 else back, None, None
+        return back.mul_(ctx.grad_scale) if ctx.grad_scale != 1.0 else back, None, None
 
 
 # the names from torch 2.13 on
