@@ -117,8 +117,9 @@ class ReplicatedHotEmbedding(nn.Module):
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
         self._known: tuple[torch.Tensor, torch.Tensor, Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
-        # this step's bits of touched hot rows, then of features with cold lookups; their pending union
-        self._touched: tuple[torch.Tensor, dist.Work] | None = None
+        # this step's bits of touched hot rows, then of features with cold lookups (from the
+        # byte given, None: not shared); their pending union
+        self._touched: tuple[torch.Tensor, dist.Work, int | None] | None = None
         self.stats = ExchangeStats()  # of the last forward's sharded exchange (zero after a local-only forward)
         self.reduce_bytes = 0  # sent by the last sync_gradients (and its share_touched_rows)
 
@@ -206,12 +207,13 @@ class ReplicatedHotEmbedding(nn.Module):
         if self._touched is not None:  # the last step stopped before its sync_gradients
             self._hot_grad.zero_()
         packed = touched if cold_features is None else torch.cat([touched, cold_features])
-        self._touched = (packed, dist.all_reduce(packed, op=dist.ReduceOp.BOR, group=self.group, async_op=True))
+        features_at = None if cold_features is None else touched.numel()
+        self._touched = (packed, dist.all_reduce(packed, op=dist.ReduceOp.BOR, group=self.group, async_op=True), features_at)
 
     def _union(self, start: int, count: int) -> torch.Tensor:
         """Positions int64 (ascending) of the set bits among ``count`` bits from byte ``start``
         of the union ``share_touched_rows`` started (waits for it)."""
-        packed, work = self._touched
+        packed, work, _ = self._touched
         work.wait()
         bits = (packed[start:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
         return torch.nonzero(bits.view(-1)[:count]).view(-1)
@@ -226,10 +228,8 @@ class ReplicatedHotEmbedding(nn.Module):
 
     def _cold_features(self) -> list[int] | None:
         """The features some rank looks up cold rows of in this step (None: not shared, every feature)."""
-        touched_bytes = (self.hot_ids.numel() + 7) // 8
-        if self._touched is None or self._touched[0].numel() == touched_bytes:
-            return None
-        return self._union(touched_bytes, len(self.tables)).tolist()
+        features_at = None if self._touched is None else self._touched[2]
+        return None if features_at is None else self._union(features_at, len(self.tables)).tolist()
 
     def sync_gradients(self, dense: list[nn.Parameter]) -> None:
         """Average ``dense`` gradients and the hot table's over the ranks (a collective), then

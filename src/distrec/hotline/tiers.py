@@ -177,7 +177,7 @@ class TwoTierStore:
         elif self.slow_directory is not None:
             self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
         else:
-            self._slow = torch.empty((num_rows, width), pin_memory=True) if self.device.type == "cuda" else empty_table(num_rows, width)
+            self._slow = self._host_rows(num_rows, width)
         if self.slow_directory is not None and readahead:
             self.readahead = RowReadahead(self._slow)
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -352,15 +352,18 @@ class TwoTierStore:
                 bar.update(end - start)
 
     def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True) -> torch.Tensor:
-        """The first ``width`` floats of slow-tier rows ``ids``, in pinned memory when the
-        fast tier is on CUDA (so the copy to the device can run asynchronously), else on
-        huge pages (it may become the fast tier). With ``ahead``, the disk tier's reads of
-        all the rows are started together first."""
+        """The first ``width`` floats of slow-tier rows ``ids``, in ``_host_rows`` (they may
+        become the fast tier). With ``ahead``, the disk tier's reads of all the rows are
+        started together first."""
         ids = ids.cpu()
         if ahead and self.readahead is not None:
             self.readahead(ids)
-        out = torch.empty((ids.numel(), width), pin_memory=True) if self.device.type == "cuda" else empty_table(ids.numel(), width)
-        return torch.index_select(self.slow[:, :width], 0, ids, out=out)
+        return torch.index_select(self.slow[:, :width], 0, ids, out=self._host_rows(ids.numel(), width))
+
+    def _host_rows(self, num_rows: int, width: int) -> torch.Tensor:
+        """Uninitialised float32 [num_rows, width] in host memory: pinned when the fast tier is
+        on CUDA (copies to it can run asynchronously), else on huge pages (``empty_table``)."""
+        return torch.empty((num_rows, width), pin_memory=True) if self.device.type == "cuda" else empty_table(num_rows, width)
 
     def close(self) -> None:
         """Release both tiers (the disk tier's file is already unlinked; its blocks are freed)."""

@@ -387,10 +387,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
             offsets = torch.cumsum(lengths[i], 0) - lengths[i]
             blocks[i].append((None, F.embedding_bag(vals, p, offsets, mode="sum", sparse=True)))
         features = []
+        zeros = recv.new_zeros(b_local, self.dim) if len(blocks) < len(self.tables) else None
         for f in range(len(self.tables)):
             parts = blocks[f]
             if not parts:
-                features.append(recv.new_zeros(b_local, self.dim))
+                features.append(zeros)
             elif parts[0][0] is not None and parts[0][0].row_wise:
                 features.append(torch.stack([t for _, t in parts]).sum(0))
             elif len(parts) == 1:
