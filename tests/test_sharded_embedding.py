@@ -66,9 +66,12 @@ def _reference(batch: Batch, weights: dict[str, torch.Tensor], upstream: torch.T
     return pooled.detach(), {k: p.grad for k, p in params.items()}
 
 
-def _check_rank(rank: int, world: int, kind: str, batch_size: int, features: list[int] | None = None) -> int:
+def _check_rank(
+    rank: int, world: int, kind: str, batch_size: int, features: list[int] | None = None, index_dtype: torch.dtype = torch.int32
+) -> tuple[int, int]:
     """Forward and backward against plain embedding bags; with ``features``, only those are
-    exchanged and every other feature's bags are empty. Returns the output exchange's bytes."""
+    exchanged and every other feature's bags are empty; the bags travel as ``index_dtype``.
+    Returns the input and the output exchange's bytes."""
     torch.manual_seed(0)
     plan = _plan(kind, world)
     weights = _full_weights()
@@ -77,6 +80,8 @@ def _check_rank(rank: int, world: int, kind: str, batch_size: int, features: lis
     ref_out, ref_grads = _reference(batch, weights, upstream)
 
     module = ShardedEmbeddingBagCollection.from_full_weights(TABLES, plan, weights)
+    assert module.index_dtype == torch.int32  # the tables' rows fit
+    module.index_dtype = index_dtype
     per = batch_size // world
     lo, hi = rank * per, (rank + 1) * per if rank < world - 1 else batch_size
     out = module(batch.slice(lo, hi), features)
@@ -93,7 +98,7 @@ def _check_rank(rank: int, world: int, kind: str, batch_size: int, features: lis
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for p, i in zip(module.replicas, module.replicated):
         torch.testing.assert_close(p.grad.to_dense(), ref_grads[TABLES[i].name], rtol=1e-5, atol=1e-5)
-    return module.stats.output_bytes
+    return module.stats.input_bytes, module.stats.output_bytes
 
 
 @pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "mixed", "rank_zero"])
@@ -109,11 +114,38 @@ def test_four_ranks_mixed_plan_with_uneven_batch():
 def test_exchanging_only_the_features_with_indices_matches_and_sends_less(world):
     """Features 1 (column-wise) and 4 (table-wise) have no indices and stay out of the
     exchange: the same vectors and gradients, their zero vectors not sent."""
-    full = run_distributed(_check_rank, world, "mixed", 11, None)
-    some = run_distributed(_check_rank, world, "mixed", 11, [0, 2, 3])
+    full = [sent[1] for sent in run_distributed(_check_rank, world, "mixed", 11, None)]
+    some = [sent[1] for sent in run_distributed(_check_rank, world, "mixed", 11, [0, 2, 3])]
     for rank in range(world):
         assert some[rank] < full[rank] or full[rank] == 0
     assert sum(some) < sum(full)
+
+
+def test_bags_travel_as_int32_and_as_int64_alike():
+    """Tables whose rows fit int32 send their bags as int32: half the bytes of int64 (bar the
+    counts), the same vectors and gradients."""
+    narrow = run_distributed(_check_rank, 2, "mixed", 10)
+    wide = run_distributed(_check_rank, 2, "mixed", 10, None, torch.int64)
+    counts = 2 * 2 * 8  # (batch size, index count) per destination, int64
+    for (narrow_in, narrow_out), (wide_in, wide_out) in zip(narrow, wide):
+        assert wide_in - counts == 2 * (narrow_in - counts) > 0
+        assert narrow_out == wide_out
+
+
+def _index_beyond_int32(rank: int, world: int) -> str:
+    module = ShardedEmbeddingBagCollection.from_full_weights(TABLES, _plan("table_wise", world), _full_weights())
+    batch = _global_batch(4, seed=rank)
+    batch.sparse_values[batch.sparse_offsets[2 * 4]] = 2**32 + 3  # would wrap to row 3 of table t2
+    try:
+        module(batch)
+    except DistrecError as e:
+        return str(e)
+    return ""
+
+
+def test_an_index_that_would_wrap_in_int32_is_a_clear_error():
+    messages = run_distributed(_index_beyond_int32, 2)
+    assert all(m == "sparse feature 't2' has index 4294967299 but its table has 64 rows; hash indices into [0, 64) or enlarge the table" for m in messages)
 
 
 def _wrong_world(rank: int, world: int) -> str:

@@ -23,10 +23,11 @@ def two_by_two(algorithm="ring"):
 def test_small_cluster_traffic_matches_the_hand_count():
     c = two_by_two()
     flat = predict_flat(SMALL, c)
-    # 4 ranks: 1 peer inside the host, 2 across; 64 samples x 1 feature per peer
-    assert flat.index_exchange.bytes == 3 * (16 + 64 * 8 + 64 * 2 * 8)
-    assert flat.index_exchange.cross_host_bytes == 2 * (16 + 64 * 8 + 64 * 2 * 8)
-    assert flat.index_exchange.messages == 3 * 3
+    # 4 ranks: 1 peer inside the host, 2 across; 64 samples x 1 feature per peer: the counts,
+    # then 64 lengths and 128 indices in int32 (100 rows fit)
+    assert flat.index_exchange.bytes == 3 * (16 + (64 + 64 * 2) * 4)
+    assert flat.index_exchange.cross_host_bytes == 2 * (16 + (64 + 64 * 2) * 4)
+    assert flat.index_exchange.messages == 3 * 2
     assert (flat.embedding_exchange.bytes, flat.embedding_exchange.cross_host_bytes) == (2 * 3 * 64 * 8 * 4, 2 * 2 * 64 * 8 * 4)
     assert flat.replica_sync.bytes == 0
     # ring of 4 over 2 hosts: 6 steps of 1000 bytes, 2 of the 4 edges cross hosts
@@ -35,7 +36,7 @@ def test_small_cluster_traffic_matches_the_hand_count():
     exact = predict_two_d(SMALL, c, groups=2, sync="exact")
     # groups = hosts: the all-to-all stays inside the host, 64 samples x 2 features per peer
     assert exact.all_to_all.cross_host_bytes == 0
-    assert exact.index_exchange.bytes == 16 + 128 * 8 + 128 * 2 * 8
+    assert exact.index_exchange.bytes == 16 + (128 + 128 * 2) * 4
     assert exact.embedding_exchange.bytes == 2 * 128 * 8 * 4 and exact.embedding_exchange.messages == 2
     # the replica set (rank s of each host) all-gathers counts, row ids and rows of the touched rows
     rows = 2 * 100 * (1 - 0.99**256)  # 2 tables, 2 x 64 x 2 = 256 lookups each into 100 rows

@@ -36,6 +36,12 @@ class TableConfig:
         """Size of the float32 weights in bytes."""
         return self.num_rows * self.dim * 4
 
+    def index_error(self, index: int) -> DistrecError:
+        """The error for a lookup of ``index``, outside this table's rows."""
+        return DistrecError(
+            f"sparse feature {self.name!r} has index {index} but its table has {self.num_rows} rows; hash indices into [0, {self.num_rows}) or enlarge the table"
+        )
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -387,10 +387,7 @@ class EmbeddingBagCollection(nn.Module):
         for (f, _, _), (low, high) in zip(spans, extremes):
             t = self.tables[f]
             if low < 0 or high >= t.num_rows:
-                bad = low if low < 0 else high
-                raise DistrecError(
-                    f"sparse feature {t.name!r} has index {bad} but its table has {t.num_rows} rows; hash indices into [0, {t.num_rows}) or enlarge the table"
-                )
+                raise t.index_error(low if low < 0 else high)
 
     def extra_repr(self) -> str:
         return f"tables={self.num_features}, rows={self.weight.shape[0]}, dim={self.dim}"

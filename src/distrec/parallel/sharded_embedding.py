@@ -4,7 +4,9 @@ Forward, on every rank (TorchRec's sparse data dist -> lookup -> embedding dist)
 
 1. input all-to-all: each rank sends, for every lookup unit (a table-, column- or row-wise
    shard), the bags of that unit's feature for its own samples to the unit's owner
-   (row-wise units get only the indices inside their row range, shifted to local rows);
+   (row-wise units get only the indices inside their row range, shifted to local rows):
+   the split counts first, then the bag lengths and indices in one message, as int32 when
+   every table's rows fit;
 2. lookup: each owner pools all bags it received with one ``embedding_bag`` per shard width
    over a fused weight of its shards (sparse gradients, like the unsharded module);
 3. output all-to-all: pooled vectors return to the ranks that own the samples, which place
@@ -157,6 +159,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.replicas = nn.ParameterList([nn.Parameter(empty_table(tables[i].num_rows, self.dim, device)) for i in self.replicated])
         self.stats = ExchangeStats()
         self.every_unit = self.routes(None)
+        self.index_dtype = torch.int32 if max(t.num_rows for t in tables) <= torch.iinfo(torch.int32).max else torch.int64
+        """How bags travel in the input all-to-all (lengths and local rows): int32 when every table's rows fit."""
 
     def routes(self, features: list[int] | None) -> Routes:
         """The units exchanged when only ``features`` (feature numbers; None: all) are looked up."""
@@ -207,11 +211,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return batch.sparse_offsets.new_zeros(len(self.tables), 0)
         return batch.lengths()
 
-    def _send_buffers(self, batch: Batch, routes: Routes) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-        """Per destination rank: bag lengths, indices (local rows) and the index count."""
+    def _send_buffer(self, batch: Batch, routes: Routes) -> tuple[torch.Tensor, list[int], list[int]]:
+        """What this rank sends in the input all-to-all, in one ``index_dtype`` buffer: for
+        each destination rank its bag lengths, then its indices (local rows). Also the bag
+        count and the index count of each destination."""
         lengths = self._bag_lengths(batch)
         per_feature: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        send_lengths, send_values, nnz = [], [], []
+        pieces, bags, nnz = [], [], []
         for units in routes.units_on:
             lens, vals = [], []
             for u in units:
@@ -226,10 +232,38 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 else:
                     lens.append(f_lens)
                     vals.append(f_vals)
-            send_lengths.append(torch.cat(lens) if lens else lengths.new_zeros(0))
-            send_values.append(torch.cat(vals) if vals else batch.sparse_values.new_zeros(0))
-            nnz.append(int(send_values[-1].numel()))
-        return send_lengths, send_values, nnz
+            pieces += lens + vals
+            bags.append(batch.batch_size * len(units))
+            nnz.append(sum(v.numel() for v in vals))
+        out = torch.empty(sum(bags) + sum(nnz), dtype=self.index_dtype, device=batch.sparse_values.device)
+        if pieces:
+            self._check_narrowing(batch)
+            torch.cat(pieces, out=out)
+        return out, bags, nnz
+
+    def _check_narrowing(self, batch: Batch) -> None:
+        """Raise DistrecError if an index of ``batch`` would not survive the cast to
+        ``index_dtype`` (it would wrap into a valid-looking row instead of failing its
+        table's range check)."""
+        if self.index_dtype == torch.int64 or batch.sparse_values.numel() == 0:
+            return
+        limit = torch.iinfo(self.index_dtype)
+        low, high = (int(x) for x in torch.aminmax(batch.sparse_values))
+        if low >= limit.min and high <= limit.max:
+            return
+        for f, table in enumerate(self.tables):
+            values = batch.feature_values(f)
+            bad = values[(values < limit.min) | (values > limit.max)]
+            if bad.numel():
+                raise table.index_error(int(bad[0]))
+
+    @staticmethod
+    def _unpack(received: torch.Tensor, bags: list[int], nnz: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Received bag lengths and indices, int64, from each source's (lengths, indices) block."""
+        blocks = received.split([n for pair in zip(bags, nnz) for n in pair])
+        lengths = torch.cat(blocks[0::2], out=received.new_empty(sum(bags), dtype=torch.int64))
+        values = torch.cat(blocks[1::2], out=received.new_empty(sum(nnz), dtype=torch.int64))
+        return lengths, values
 
     def _pool(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int], local: list[int]) -> list[torch.Tensor]:
         """Pool received bags (ordered source, unit, sample; the units ``local``, positions in
@@ -289,10 +323,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             bag = int(torch.searchsorted(offsets, bad.position, right=True)) - 1
             unit = self.local_units[int(segments.table[int(torch.searchsorted(bag_start, bag, right=True)) - 1])]
             table = self.tables[unit.feature]
-            raise DistrecError(
-                f"sparse feature {table.name!r} has index {int(values[bad.position])} but its table has {table.num_rows} rows; "
-                f"hash indices into [0, {table.num_rows}) or enlarge the table"
-            ) from None
+            raise table.index_error(int(values[bad.position])) from None
 
     def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, source_batch: list[int], local: list[int] | None = None) -> list[list[torch.Tensor]]:
         """Pool received bags (ordered source, unit, sample; the units ``local``, positions in
@@ -326,18 +357,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
         t0 = time.perf_counter()
         routes = routes or self.every_unit
         b_local = batch.batch_size
-        send_lengths, send_values, nnz = self._send_buffers(batch, routes)
+        send, bags, nnz = self._send_buffer(batch, routes)
         device = batch.sparse_values.device
         # splits exchange: (batch size, index count) for every pair of ranks
         counts = torch.tensor([[b_local, n] for n in nnz], dtype=torch.int64, device=device)
         ones = [1] * self.world_size
         recv_counts = all_to_all(counts, ones, ones, self.group).tolist()
         source_batch = [int(c[0]) for c in recv_counts]
-        n_local = len(routes.local)
-        recv_lengths = all_to_all(torch.cat(send_lengths), [b * n_local for b in source_batch], [b_local * len(u) for u in routes.units_on], self.group)
-        recv_values = all_to_all(torch.cat(send_values), [int(c[1]) for c in recv_counts], nnz, self.group)
-        sent = sum(t.numel() for t in send_lengths) + sum(nnz) + counts.numel()
-        self.stats = ExchangeStats(input_bytes=8 * sent, input_ms=(time.perf_counter() - t0) * 1e3)
+        recv_bags = [b * len(routes.local) for b in source_batch]
+        recv_nnz = [int(c[1]) for c in recv_counts]
+        received = all_to_all(send, [b + n for b, n in zip(recv_bags, recv_nnz)], [b + n for b, n in zip(bags, nnz)], self.group)
+        recv_lengths, recv_values = self._unpack(received, recv_bags, recv_nnz)
+        sent = send.numel() * send.element_size() + counts.numel() * counts.element_size()
+        self.stats = ExchangeStats(input_bytes=sent, input_ms=(time.perf_counter() - t0) * 1e3)
         return recv_lengths, recv_values, source_batch
 
     def forward(self, batch: Batch, features: list[int] | None = None) -> torch.Tensor:

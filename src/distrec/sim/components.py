@@ -114,14 +114,13 @@ def compute_ms(workload: Workload, cluster: Cluster, towers: bool) -> float:
 
 
 def index_exchange(workload: Workload, cluster: Cluster, groups: Groups) -> Traffic:
-    """The input all-to-all of one step: split counts, bag lengths and indices to the group."""
+    """The input all-to-all of one step: the split counts (two int64 per peer), then the bag
+    lengths and indices to the group in one message, int32 when every table's rows fit (as
+    ``ShardedEmbeddingBagCollection`` sends them)."""
     w, size, per_host = workload, groups.size, groups.group_per_host
     bags = w.local_batch * w.num_features / size
-    return (
-        all_to_all(cluster, size, 2 * w.bytes_per_index, per_host)
-        + all_to_all(cluster, size, bags * w.bytes_per_index, per_host)
-        + all_to_all(cluster, size, bags * w.pooling * w.bytes_per_index, per_host)
-    )
+    index_bytes = 4 if max(w.rows_per_table()) < 2**31 else 8
+    return all_to_all(cluster, size, 2 * 8, per_host) + all_to_all(cluster, size, bags * (1 + w.pooling) * index_bytes, per_host)
 
 
 def embedding_exchange(workload: Workload, cluster: Cluster, groups: Groups, lookup: Lookup = "flat", compression: float = 1.0) -> Traffic:
