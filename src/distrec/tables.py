@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
 from distrec.errors import DistrecError
@@ -55,3 +56,9 @@ def stand_in_tables(tables: list[TableConfig]) -> list[TableConfig]:
     on table sizes) when the real tables are made elsewhere (Hotline's tiers, a rank's
     shards), so no table-sized tensor is allocated for them."""
     return [replace(t, num_rows=1) for t in tables]
+
+
+def exchanged_index_bytes(row_counts: Iterable[int]) -> int:
+    """Bytes per bag length or index in the sharded input all-to-all over tables of
+    ``row_counts`` rows: 4 (int32) when every table's rows fit, else 8 (int64)."""
+    return 4 if max(row_counts) <= 2**31 - 1 else 8

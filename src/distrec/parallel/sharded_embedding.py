@@ -43,7 +43,7 @@ from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sparse_grads import average_sparse_grads
-from distrec.tables import TableConfig
+from distrec.tables import TableConfig, exchanged_index_bytes
 
 TableFill = Callable[[torch.Tensor, int, int, int], None]
 """``fill(out, table, row_start, col_start)``: write that block of table number ``table`` into ``out``."""
@@ -159,7 +159,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.replicas = nn.ParameterList([nn.Parameter(empty_table(tables[i].num_rows, self.dim, device)) for i in self.replicated])
         self.stats = ExchangeStats()
         self.every_unit = self.routes(None)
-        self.index_dtype = torch.int32 if max(t.num_rows for t in tables) <= torch.iinfo(torch.int32).max else torch.int64
+        self.index_dtype = torch.int32 if exchanged_index_bytes(t.num_rows for t in tables) == 4 else torch.int64
         """How bags travel in the input all-to-all (lengths and local rows): int32 when every table's rows fit."""
 
     def routes(self, features: list[int] | None) -> Routes:

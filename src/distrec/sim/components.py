@@ -48,6 +48,7 @@ from distrec.errors import DistrecError
 from distrec.sim.cluster import Cluster
 from distrec.sim.collectives import Traffic, all_gather, all_reduce, all_to_all, exchange, members_per_host, wait
 from distrec.sim.workload import Workload
+from distrec.tables import exchanged_index_bytes
 
 Lookup = Literal["flat", "sptt"]
 ReplicaSync = Literal["exact", "periodic"]
@@ -119,7 +120,7 @@ def index_exchange(workload: Workload, cluster: Cluster, groups: Groups) -> Traf
     ``ShardedEmbeddingBagCollection`` sends them)."""
     w, size, per_host = workload, groups.size, groups.group_per_host
     bags = w.local_batch * w.num_features / size
-    index_bytes = 4 if max(w.rows_per_table()) < 2**31 else 8
+    index_bytes = exchanged_index_bytes(w.rows_per_table())
     return all_to_all(cluster, size, 2 * 8, per_host) + all_to_all(cluster, size, bags * (1 + w.pooling) * index_bytes, per_host)
 
 
