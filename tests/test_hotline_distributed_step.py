@@ -14,7 +14,7 @@ from torch import nn
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
 from distrec.hotline.distributed import replicated_hot_embeddings
-from distrec.hotline.hot_lookups import touched_bits
+from distrec.hotline.hot_lookups import hot_bags, touched_bits
 from distrec.models.build import build_model
 from distrec.parallel.default_plans import uniform_plan
 from distrec.train.loop import Trainer
@@ -45,7 +45,7 @@ def _touched_rows_reduce(rank: int, world_size: int, cache: Path) -> dict:
     batch = Batch(torch.zeros(1, 13), looked_up.clone(), offsets, torch.zeros(1))
 
     def hot_lookups() -> torch.Tensor:
-        with emb.local_only(), emb.known_rows(torch.ones(4, dtype=torch.bool), looked_up):
+        with emb.local_only(), emb.known_rows(hot_bags(batch, torch.ones(4, dtype=torch.bool), looked_up)):
             return emb(batch)
 
     # a step that stops after its hot lookups' backward, before its sync (a failed step): the
@@ -94,14 +94,14 @@ def _overlapped_steps(rank: int, world_size: int, cache: Path, out: Path) -> dic
     seen = {"handshakes": 0}
     cold_started, popular_started = threading.Event(), threading.Event()
 
-    def cold_side(batch, *hot):
+    def cold_side(batch):
         if threading.current_thread() is threading.main_thread():  # no popular micro-batch on this rank, or evaluation
-            return cold_forward(batch, *hot)
+            return cold_forward(batch)
         cold_started.set()
         if not popular_started.wait(HANDSHAKE_SECONDS):
             raise AssertionError("the popular micro-batch did not start while the cold exchange ran")
         popular_started.clear()
-        return cold_forward(batch, *hot)
+        return cold_forward(batch)
 
     def popular_side(batch):
         if emb._local_only and torch.is_grad_enabled():

@@ -1,11 +1,13 @@
 """find_hot_lookups: the one-pass kernel against the torch operators it replaces."""
 
+from dataclasses import astuple
+
 import pytest
 import torch
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.hot_lookups import cold_feature_bits, find_hot_lookups, touched_bits
+from distrec.hotline.hot_lookups import HotLookups, cold_feature_bits, find_hot_lookups, split_lookups, split_with_operators, touched_bits
 from distrec.hotline.hot_set import is_popular
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.tables import TableConfig
@@ -36,8 +38,40 @@ def test_the_kernel_finds_what_the_torch_operators_find(max_bag, hot_fraction):
     assert torch.equal(found.positions[hot], positions[hot])
     assert torch.equal(found.popular, is_popular(batch, hot))
     assert torch.equal(found.touched, touched_bits(positions[hot], hot_ids.numel()))
+    assert torch.equal(found.cold_features, cold_feature_bits(batch, hot, len(TABLES)))
     if 0 < hot_fraction < 1:
         assert 0 < int(hot.sum()) < hot.numel()
+
+
+@pytest.mark.parametrize("max_bag, hot_fraction", [(1, 0.5), (4, 0.9), (3, 0.0), (2, 1.0)])
+def test_the_kernel_splits_a_batch_as_the_torch_operators_do(max_bag, hot_fraction):
+    batch = random_batch(64, max_bag, seed=max_bag + 10)
+    gen = torch.Generator().manual_seed(2)
+    found = find_hot_lookups(batch, SPACE, torch.nonzero(torch.rand(SPACE.total_rows, generator=gen) < hot_fraction).view(-1))
+    split, expected = split_lookups(batch, found), split_with_operators(batch, found)
+    for got, want in zip(split, expected):
+        fields = astuple(got) if isinstance(got, Batch) else got
+        for a, b in zip(fields, astuple(want) if isinstance(want, Batch) else want, strict=True):
+            assert torch.equal(a, b)
+    assert split.popular.batch_size == int(found.popular.sum())
+    assert split.other_cold.sparse_values.numel() == int((~found.hot).sum())
+    if 0 < hot_fraction < 1:
+        assert 0 < split.popular.batch_size < batch.batch_size and split.other_hot.rows.numel() > 0
+
+
+def test_split_micro_batches_hold_each_sample_s_bags_hot_and_cold():
+    # 2 samples x 2 features: sample 0 looks up hot rows only, sample 1 a cold one in each feature
+    values, offsets = torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([0, 1, 3, 4, 6])
+    batch = Batch(torch.tensor([[0.0], [1.0]]), values, offsets, torch.tensor([0.0, 1.0]))
+    positions = torch.tensor([0, -1, 2, 3, 4, -1])
+    found = HotLookups(positions >= 0, positions, torch.tensor([True, False]), torch.zeros(1, dtype=torch.uint8), torch.tensor([0b11], dtype=torch.uint8))
+    split = split_lookups(batch, found)
+    assert split.popular.sparse_values.tolist() == [5, 8] and split.popular.dense.tolist() == [[0.0]]
+    assert [t.tolist() for t in split.popular_hot] == [[0, 3], [0, 1, 2], [0, 1]]
+    assert split.other.sparse_values.tolist() == [6, 7, 9, 10] and split.other.sparse_offsets.tolist() == [0, 2, 4]
+    assert [t.tolist() for t in split.other_hot] == [[2, 4], [0, 1, 2], [0, 1]]
+    assert split.other_cold.sparse_values.tolist() == [6, 10] and split.other_cold.sparse_offsets.tolist() == [0, 1, 2]
+    assert split.other_cold.labels.tolist() == [1.0]
 
 
 def test_touched_bits_set_one_bit_per_looked_up_row():

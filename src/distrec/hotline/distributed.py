@@ -32,8 +32,8 @@ from torch import nn
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
-from distrec.hotline.hot_lookups import cold_feature_bits, find_hot_lookups
-from distrec.hotline.hot_set import hot_row_bytes, select_hot_set, split_batch
+from distrec.hotline.hot_lookups import find_hot_lookups, split_lookups
+from distrec.hotline.hot_set import hot_row_bytes, select_hot_set
 from distrec.hotline.pipeline import PipelineStats
 from distrec.hotline.replicated import ReplicatedHotEmbedding
 from distrec.hotline.row_state import row_state_floats
@@ -108,26 +108,26 @@ class DistributedHotlineTraining:
         size = batch.batch_size
         if self.logger is not None and self._relearns_later():
             self.logger.observe(self.embeddings.space.batch_ids(batch))
-        hot, positions, popular_mask, touched = find_hot_lookups(batch, self.embeddings.space, self.embeddings.hot_ids)
-        self.embeddings.share_touched_rows(touched, cold_feature_bits(batch, hot, len(self.embeddings.tables)))
-        num_popular = int(popular_mask.sum())
+        found = find_hot_lookups(batch, self.embeddings.space, self.embeddings.hot_ids)
+        self.embeddings.share_touched_rows(found.touched, found.cold_features)
+        micro = split_lookups(batch, found)
+        num_popular = micro.popular.batch_size
         normalizer = normalizer or size
         try:
             loss = torch.zeros((), device=batch.labels.device)
             if num_popular == 0:
-                with self.embeddings.known_rows(hot, positions):
-                    loss += self.train_step.backward(batch, normalizer)  # every rank joins the exchange
+                with self.embeddings.known_rows(micro.other_hot, micro.other_cold):
+                    loss += self.train_step.backward(micro.other, normalizer)  # every rank joins the exchange
             else:
-                popular, popular_at, other, other_at = split_batch(batch, popular_mask)
-                cold = self._worker.submit(self.embeddings.cold_forward, other, hot[other_at])  # every rank joins the exchange
+                cold = self._worker.submit(self.embeddings.cold_forward, micro.other_cold)  # every rank joins the exchange
                 try:
-                    with self.embeddings.local_only(), self.embeddings.known_rows(hot[popular_at], positions[popular_at]):
-                        loss += self.train_step.backward(popular, normalizer)
+                    with self.embeddings.local_only(), self.embeddings.known_rows(micro.popular_hot):
+                        loss += self.train_step.backward(micro.popular, normalizer)
                 except BaseException:
                     cold.exception()  # no collective of this step may still run in the worker after it
                     raise
-                with self.embeddings.known_rows(hot[other_at], positions[other_at], cold):  # waits for the worker (timed as output_all_to_all)
-                    loss += self.train_step.backward(other, normalizer)
+                with self.embeddings.known_rows(micro.other_hot, cold):  # waits for the worker (timed as output_all_to_all)
+                    loss += self.train_step.backward(micro.other, normalizer)
         except BaseException:
             self.train_step.zero_grad()
             raise
@@ -135,7 +135,7 @@ class DistributedHotlineTraining:
         self.all_reduce_bytes += self.embeddings.reduce_bytes
         if self.timer is not None:
             self.timer.add_bytes("gradient_all_reduce", self.embeddings.reduce_bytes)
-        self.counters.record_step(size, num_popular, hot)
+        self.counters.record_step(size, num_popular, found.hot)
         return loss
 
     __call__ = step

@@ -1,10 +1,12 @@
 """A mini-batch's lookups against a hot set: which are hot and where, which samples are popular,
-which hot rows are touched.
+which hot rows and which features' cold rows are touched; and the mini-batch split by them.
 
-Distributed Hotline needs all four before each step: the hot positions for the replicated hot
-table, the popular samples to split the mini-batch, and the touched hot rows, whose union over
-the ranks is all that the hot table's gradient all-reduce carries. On CPU one compiled pass
-(``distrec.kernels.hot_lookups``) finds them; elsewhere torch operators do.
+Distributed Hotline needs all of it before each step: the hot positions for the replicated hot
+table, the popular samples to split the mini-batch, the touched hot rows, whose union over
+the ranks is all that the hot table's gradient all-reduce carries, and the features with cold
+lookups, the only ones the cold exchange carries. Then the popular micro-batch with its hot
+lookups, and the other one with its hot lookups and its cold indices. On CPU two compiled
+passes (``distrec.kernels.hot_lookups``) find and split them; elsewhere torch operators do.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from distrec.data.batch import Batch
-from distrec.hotline.hot_set import is_popular
+from distrec.hotline.hot_set import is_popular, split_batch
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled
 
@@ -28,12 +30,68 @@ class HotLookups(NamedTuple):
         popular: bool [B], whether every index of each sample is hot.
         touched: uint8 [ceil(H / 8)], one bit per hot row the batch looks up (bit ``p % 8`` of
             byte ``p // 8``).
+        cold_features: uint8 [ceil(F / 8)], one bit per feature with an index not hot.
     """
 
     hot: torch.Tensor
     positions: torch.Tensor
     popular: torch.Tensor
     touched: torch.Tensor
+    cold_features: torch.Tensor
+
+
+class HotBags(NamedTuple):
+    """The hot lookups of a micro-batch's bags, to pool from the hot table.
+
+    Attributes:
+        rows: int64 [n], the hot-table row of each hot lookup, bag after bag.
+        offsets: int64 [F * B + 1], where each bag's hot lookups start in ``rows``.
+        bag_of: int64 [n], the bag of each lookup.
+    """
+
+    rows: torch.Tensor
+    offsets: torch.Tensor
+    bag_of: torch.Tensor
+
+
+class MicroBatches(NamedTuple):
+    """A mini-batch split into its popular samples (every index hot) and the others, each in
+    the mini-batch's order: ``popular`` with ``popular_hot``, all its lookups; ``other`` with
+    ``other_hot``, its hot lookups, and ``other_cold``, its samples with only their cold indices."""
+
+    popular: Batch
+    popular_hot: HotBags
+    other: Batch
+    other_hot: HotBags
+    other_cold: Batch
+
+
+def kept_bags(offsets: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bags of a jagged batch cut at ``offsets`` int64 [bags + 1] with only the indices
+    where ``keep`` (bool [nnz]; None: all): their offsets int64 [bags + 1] and the bag of each
+    kept index, int64 [kept]."""
+    lengths = torch.diff(offsets)
+    nnz = int(offsets[-1]) if keep is None else keep.numel()
+    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=nnz)
+    if keep is None:
+        return offsets, bag_of
+    bag_of = bag_of[keep]
+    kept = torch.zeros_like(offsets)
+    torch.cumsum(torch.bincount(bag_of, minlength=lengths.numel()), 0, out=kept[1:])
+    return kept, bag_of
+
+
+def keep_indices(batch: Batch, keep: torch.Tensor) -> Batch:
+    """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag."""
+    offsets, _ = kept_bags(batch.sparse_offsets, keep)
+    return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels)
+
+
+def hot_bags(batch: Batch, hot: torch.Tensor, positions: torch.Tensor) -> HotBags:
+    """The hot lookups of ``batch``'s bags; ``hot``: bool [nnz], ``positions``: int64 [nnz], each
+    hot index's row in the hot table (``HotLookups``)."""
+    offsets, bag_of = kept_bags(batch.sparse_offsets, hot)
+    return HotBags(positions[hot], offsets, bag_of)
 
 
 def touched_bits(positions: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -63,10 +121,41 @@ def find_hot_lookups(batch: Batch, space: RowSpace, hot_ids: torch.Tensor) -> Ho
         kernels = compiled("hot_lookups")
         table_base = torch.as_tensor(space.offsets)
         try:
-            positions, popular, touched = kernels.find_hot(batch.sparse_values, batch.sparse_offsets, batch.batch_size, table_base, hot_ids)
+            positions, popular, touched, cold_features = kernels.find_hot(batch.sparse_values, batch.sparse_offsets, batch.batch_size, table_base, hot_ids)
         except kernels.IndexOutsideTable:
             space.batch_ids(batch)  # raises the error naming the problem
             raise
-        return HotLookups(positions >= 0, positions, popular, touched)
+        return HotLookups(positions >= 0, positions, popular, touched, cold_features)
     hot, positions = find_sorted(hot_ids, space.batch_ids(batch))
-    return HotLookups(hot, positions, is_popular(batch, hot), touched_bits(positions[hot], hot_ids.numel()))
+    cold_features = cold_feature_bits(batch, hot, space.num_tables)
+    return HotLookups(hot, positions, is_popular(batch, hot), touched_bits(positions[hot], hot_ids.numel()), cold_features)
+
+
+def split_lookups(batch: Batch, found: HotLookups) -> MicroBatches:
+    """``batch`` split by its hot lookups ``found`` (``find_hot_lookups``) into micro-batches."""
+    if batch.batch_size and batch.sparse_values.device.type == "cpu":
+        popular_part, other_part, other_hot, other_cold = compiled("hot_lookups").split_lookups(
+            batch.sparse_values, batch.sparse_offsets, batch.batch_size, found.positions, found.popular
+        )
+        values, rows, bag_of, offsets = popular_part
+        popular_at, other_at = torch.nonzero(found.popular).view(-1), torch.nonzero(~found.popular).view(-1)
+        popular = Batch(batch.dense[popular_at], values, offsets, batch.labels[popular_at])
+        other = Batch(batch.dense[other_at], *other_part, batch.labels[other_at])
+        rows_other, bag_of_other, offsets_other = other_hot
+        return MicroBatches(
+            popular, HotBags(rows, offsets, bag_of), other, HotBags(rows_other, offsets_other, bag_of_other), Batch(other.dense, *other_cold, other.labels)
+        )
+    return split_with_operators(batch, found)
+
+
+def split_with_operators(batch: Batch, found: HotLookups) -> MicroBatches:
+    """``split_lookups`` in torch operators, on any device."""
+    popular, popular_at, other, other_at = split_batch(batch, found.popular)
+    hot_other = found.hot[other_at]
+    return MicroBatches(
+        popular,
+        hot_bags(popular, found.hot[popular_at], found.positions[popular_at]),
+        other,
+        hot_bags(other, hot_other, found.positions[other_at]),
+        keep_indices(other, ~hot_other),
+    )

@@ -32,32 +32,11 @@ from torch.optim import Optimizer
 
 from distrec.allocator import empty_table
 from distrec.data.batch import Batch
-from distrec.hotline.hot_lookups import find_hot_lookups
+from distrec.hotline.hot_lookups import HotBags, find_hot_lookups, hot_bags, keep_indices
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
-
-
-def kept_bags(offsets: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bags of a jagged batch cut at ``offsets`` int64 [bags + 1] with only the indices
-    where ``keep`` (bool [nnz]; None: all): their offsets int64 [bags + 1] and the bag of each
-    kept index, int64 [kept]."""
-    lengths = torch.diff(offsets)
-    nnz = int(offsets[-1]) if keep is None else keep.numel()
-    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=nnz)
-    if keep is None:
-        return offsets, bag_of
-    bag_of = bag_of[keep]
-    kept = torch.zeros_like(offsets)
-    torch.cumsum(torch.bincount(bag_of, minlength=lengths.numel()), 0, out=kept[1:])
-    return kept, bag_of
-
-
-def keep_indices(batch: Batch, keep: torch.Tensor) -> Batch:
-    """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag."""
-    offsets, _ = kept_bags(batch.sparse_offsets, keep)
-    return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels)
 
 
 class _HotPooling(torch.autograd.Function):
@@ -84,7 +63,7 @@ class ReplicatedHotEmbedding(nn.Module):
 
     Same contract as the sharded module: ``forward(batch) -> [B_local, F, D]``, a collective
     unless inside ``local_only()`` (for batches whose every index is hot) or given its cold
-    part (``cold_forward``, e.g. run by a worker thread, then ``known_rows``). ``hot_weight``
+    part's pooled vectors (``cold_forward``, e.g. run by a worker thread, then ``known_rows``). ``hot_weight``
     [H, D] holds global rows ``hot_ids`` (ascending). The lookups' backward sums the hot rows'
     gradients per row into a buffer (no gradient entry per lookup); ``sync_gradients``
     averages them over the rows any rank looked up (made known by ``share_touched_rows``) and
@@ -116,7 +95,7 @@ class ReplicatedHotEmbedding(nn.Module):
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
-        self._known: tuple[torch.Tensor, torch.Tensor, Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
+        self._known: tuple[HotBags, Batch | Future[tuple[torch.Tensor, ExchangeStats]] | None] | None = None
         # this step's bits of touched hot rows, then of features with cold lookups (from the
         # byte given, None: not shared); their pending union
         self._touched: tuple[torch.Tensor, dist.Work, int | None] | None = None
@@ -133,47 +112,41 @@ class ReplicatedHotEmbedding(nn.Module):
             self._local_only = False
 
     @contextmanager
-    def known_rows(self, hot: torch.Tensor, positions: torch.Tensor, cold: Future[tuple[torch.Tensor, ExchangeStats]] | None = None) -> Iterator[None]:
-        """Within the block, forward passes take their batch's hot lookups as given and, with
-        ``cold`` (``cold_forward`` of the same batch, running elsewhere), wait for it and add it
-        instead of running the sharded exchange themselves.
-
-        Args:
-            hot: bool [nnz], whether each index of the batch is a hot row.
-            positions: int64 [nnz], each hot index's row in the hot table (``find_hot_lookups``).
-        """
-        self._known = (hot, positions, cold)
+    def known_rows(self, hot: HotBags, cold: Batch | Future[tuple[torch.Tensor, ExchangeStats]] | None = None) -> Iterator[None]:
+        """Within the block, forward passes take their batch's hot lookups ``hot`` as given
+        and its cold part from ``cold``: the batch with only its cold indices, exchanged by the
+        forward, or the future of its ``cold_forward`` (running elsewhere), waited for; None
+        inside ``local_only()``."""
+        self._known = (hot, cold)
         try:
             yield
         finally:
             self._known = None
 
-    def cold_forward(self, batch: Batch, hot: torch.Tensor | None = None) -> tuple[torch.Tensor, ExchangeStats]:
-        """The cold part of ``forward(batch)`` (a collective: the sharded exchange of the
-        batch's cold indices) and its exchange statistics: pooled float32 [B_local, F, D].
-        ``hot``: bool [nnz], the batch's hot indices, if known.
+    def cold_forward(self, cold: Batch) -> tuple[torch.Tensor, ExchangeStats]:
+        """The cold part of a forward pass (a collective: the sharded exchange of ``cold``, a
+        batch with only its cold indices) and its exchange statistics: pooled float32
+        [B_local, F, D].
 
         Thread-safe against a local-only forward of another batch, so a worker thread may
         run it while the caller computes on a popular micro-batch.
         """
-        if hot is None:
-            hot = find_hot_lookups(batch, self.space, self.hot_ids).hot
-        pooled = self.cold(keep_indices(batch, ~hot), self._cold_features())
+        pooled = self.cold(cold, self._cold_features())
         return pooled, self.cold.stats
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of this rank's samples, float32 [B_local, F, D]."""
         if self._known is None:
-            found, cold_part = find_hot_lookups(batch, self.space, self.hot_ids), None
-            hot, pos = found.hot, found.positions
+            found = find_hot_lookups(batch, self.space, self.hot_ids)
+            hot, cold_part = hot_bags(batch, found.hot, found.positions), keep_indices(batch, ~found.hot)
         else:
-            hot, pos, cold_part = self._known
-        pooled = self._hot_lookups(batch, hot, pos)
+            hot, cold_part = self._known
+        pooled = self._hot_lookups(batch.batch_size, hot)
         if self._local_only:
             self.stats = ExchangeStats()
             return pooled
-        if cold_part is None:
-            cold, self.stats = self.cold_forward(batch, hot)
+        if isinstance(cold_part, Batch):
+            cold, self.stats = self.cold_forward(cold_part)
             return pooled + cold
         waited = time.perf_counter()
         cold, stats = cold_part.result()
@@ -181,15 +154,13 @@ class ReplicatedHotEmbedding(nn.Module):
         self.stats = ExchangeStats(input_bytes=stats.input_bytes, output_bytes=stats.output_bytes, output_ms=(time.perf_counter() - waited) * 1e3)
         return pooled + cold
 
-    def _hot_lookups(self, batch: Batch, hot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _hot_lookups(self, batch_size: int, hot: HotBags) -> torch.Tensor:
         """The hot part of ``forward``: each bag's sum of its hot rows, [B_local, F, D] (a view).
 
         Pooled feature-major by ``embedding_bag`` (the bag kernels are slower on bags of 0 or 1
         rows); the backward adds the lookups' gradients to the buffer that ``sync_gradients`` reads."""
-        every = self._local_only  # every index hot: nothing to filter out
-        offsets, bag_of = kept_bags(batch.sparse_offsets, None if every else hot)
-        pooled = _HotPooling.apply(self.hot_weight, pos if every else pos[hot], offsets, bag_of, self._hot_grad)
-        return pooled.view(len(self.tables), batch.batch_size, self.dim).transpose(0, 1)
+        pooled = _HotPooling.apply(self.hot_weight, hot.rows, hot.offsets, hot.bag_of, self._hot_grad)
+        return pooled.view(len(self.tables), batch_size, self.dim).transpose(0, 1)
 
     # --- gradients --------------------------------------------------------------------------
     def share_touched_rows(self, touched: torch.Tensor, cold_features: torch.Tensor | None = None) -> None:
