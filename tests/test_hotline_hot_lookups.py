@@ -10,6 +10,7 @@ from distrec.errors import DistrecError
 from distrec.hotline.hot_lookups import HotLookups, cold_feature_bits, find_hot_lookups, split_lookups, split_with_operators, touched_bits
 from distrec.hotline.hot_set import is_popular
 from distrec.hotline.rows import RowSpace, find_sorted
+from distrec.kernels import compiled
 from distrec.tables import TableConfig
 
 TABLES = [TableConfig("a", 1000, 4), TableConfig("b", 7, 4), TableConfig("c", 300, 4)]
@@ -74,6 +75,27 @@ def test_split_micro_batches_hold_each_sample_s_bags_hot_and_cold():
     assert split.other_cold.labels.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("count", [0, 5, 8, 61])
+def test_set_bits_lists_the_positions_that_touched_bits_set(count):
+    gen = torch.Generator().manual_seed(count)
+    positions = torch.unique(torch.randint(0, max(count, 1), (count // 2,), generator=gen))
+    packed = touched_bits(positions, count)
+    if count % 8:
+        packed[-1] |= 0x80  # a bit past count is not a position
+    assert torch.equal(compiled("hot_lookups").set_bits(packed, count), positions)
+
+
+def test_take_and_clear_rows_moves_the_rows_out_and_zeroes_them():
+    source = torch.arange(24, dtype=torch.float32).view(6, 4)
+    expected_rest = source.clone()
+    rows = torch.tensor([4, 1, 5])
+    out = torch.empty(3, 4)
+    compiled("hot_lookups").take_and_clear_rows(source, rows, out)
+    assert torch.equal(out, expected_rest[rows])
+    assert torch.equal(source[rows], torch.zeros(3, 4))
+    assert torch.equal(source[[0, 2, 3]], expected_rest[[0, 2, 3]])
+
+
 def test_touched_bits_set_one_bit_per_looked_up_row():
     assert touched_bits(torch.tensor([0, 9, 9, 3]), 11).tolist() == [0b1001, 0b10]
 
@@ -96,6 +118,8 @@ def test_an_empty_batch_and_bad_indices():
     batch.sparse_values[-1] = TABLES[-1].num_rows  # one past the last table's end
     with pytest.raises(DistrecError, match="outside their tables"):
         find_hot_lookups(batch, SPACE, torch.tensor([3, 1001]))
+    with pytest.raises(DistrecError, match="outside their tables"):  # a table whose every row is hot is read without a search
+        find_hot_lookups(batch, SPACE, torch.arange(SPACE.total_rows))
     narrow = Batch(batch.dense, batch.sparse_values[: int(batch.sparse_offsets[16])], batch.sparse_offsets[:17], batch.labels)
     with pytest.raises(DistrecError, match="sparse features"):
         find_hot_lookups(narrow, SPACE, torch.tensor([3, 1001]))

@@ -186,6 +186,8 @@ class ReplicatedHotEmbedding(nn.Module):
         of the union ``share_touched_rows`` started (waits for it)."""
         packed, work, _ = self._touched
         work.wait()
+        if packed.device.type == "cpu":
+            return compiled("hot_lookups").set_bits(packed[start:], count)
         bits = (packed[start:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
         return torch.nonzero(bits.view(-1)[:count]).view(-1)
 
@@ -214,17 +216,22 @@ class ReplicatedHotEmbedding(nn.Module):
         """
         touched_bytes = self._touched[0].numel() if self._touched is not None else 0
         touched = self._touched_rows()
-        grad = self._hot_grad[touched]  # this rank's rows are a subset of touched
-        self._hot_grad.index_fill_(0, touched, 0.0)
-        parts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense] + [grad]
-        flat = torch.cat([g.reshape(-1) for g in parts])
+        sizes = [p.numel() for p in dense]
+        flat = self._hot_grad.new_empty(sum(sizes) + touched.numel() * self.dim)
+        dense_part, rows = flat[: sum(sizes)], flat[sum(sizes) :].view(-1, self.dim)
+        if dense:
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in dense], out=dense_part)
+        # this step's hot-row gradients move into the buffer (this rank's rows are a subset of touched)
+        if flat.device.type == "cpu":
+            compiled("hot_lookups").take_and_clear_rows(self._hot_grad, touched, rows)
+        else:
+            torch.index_select(self._hot_grad, 0, touched, out=rows)
+            self._hot_grad.index_fill_(0, touched, 0.0)
         dist.all_reduce(flat, group=self.group)
         flat /= self.world_size
-        pieces = flat.split([g.numel() for g in parts])
-        for p, piece in zip(dense, pieces):
+        for p, piece in zip(dense, dense_part.split(sizes)):
             p.grad = piece.view_as(p)
         self.reduce_bytes = flat.numel() * flat.element_size() + touched_bytes
-        rows = pieces[-1].view(-1, self.dim)
         self.hot_weight.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), rows, self.hot_weight.shape, is_coalesced=True, check_invariants=False)
         if len(self.cold.replicas):
             self.cold.sync_replica_grads()

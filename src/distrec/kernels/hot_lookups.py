@@ -10,7 +10,8 @@ searches each index among its own table's hot rows only (a shorter search), seve
 side by side, then a pass over the bags. A second call copies the popular and the other
 samples' bags out, each micro-batch's hot lookups with their bags and the other samples' cold
 indices, in one pass where torch operators take a dozen. The backward adds each lookup's
-bag gradient straight to its row of a [H, D] buffer, in order, with no sort.
+bag gradient straight to its row of a [H, D] buffer, in order, with no sort; the gradient
+sync reads the touched rows' bits and moves those rows into its all-reduce buffer.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _find(values, offsets, batch_size, table_base, table_rows, hot_ids, hot_star
         # halving); every index of the table takes the same number of halvings
         first, end = hot_start[f], hot_start[f + 1]
         lo, hi = offsets[f * batch_size], offsets[(f + 1) * batch_size]
+        if end - first == table_rows[f]:  # every row of the table is hot: row v sits at first + v
+            for k in range(lo, hi):
+                v = values[k]
+                if v < 0 or v >= table_rows[f]:
+                    return k
+                positions[k] = first + v
+            continue
         for s in range(lo, hi, SEARCH_BLOCK):
             m = min(SEARCH_BLOCK, hi - s)
             for i in range(m):
@@ -72,7 +80,8 @@ def _find(values, offsets, batch_size, table_base, table_rows, hot_ids, hot_star
 def find_hot(
     values: torch.Tensor, offsets: torch.Tensor, batch_size: int, table_base: torch.Tensor, hot_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The hot lookups of a feature-major batch (bag ``f * B + b``, feature f looks up table f).
+    """The hot lookups of a feature-major batch (bag ``f * B + b``, feature f looks up table f);
+    a table whose every row is hot is read without a search.
 
     Args:
         values: int64 [nnz] rows, local to each bag's table.
@@ -198,3 +207,47 @@ def add_picked_rows(out: torch.Tensor, rows: torch.Tensor, picks: torch.Tensor, 
         source: [bags, D], the dtype of ``out``, contiguous.
     """
     _add_picked(*numpy_views(out, rows, picks, source))
+
+
+@numba.njit(nogil=True, cache=True)
+def _set_bits(packed, count, out):  # pragma: no cover - compiled
+    """Write the positions of the set bits among the first ``count`` of ``packed`` to ``out``;
+    returns how many."""
+    n = 0
+    for byte in range((count + 7) >> 3):
+        bits = packed[byte]
+        if bits:
+            for b in range(8):
+                p = (byte << 3) + b
+                if bits >> b & 1 and p < count:
+                    out[n] = p
+                    n += 1
+    return n
+
+
+def set_bits(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions int64 [n] (ascending) of the set bits among the first ``count`` bits of
+    ``packed`` (uint8; bit ``p % 8`` of byte ``p // 8``)."""
+    out = torch.empty(count, dtype=torch.int64)
+    return out[: _set_bits(*numpy_views(packed), count, *numpy_views(out))]
+
+
+@numba.njit(nogil=True, cache=True)
+def _take_and_clear(source, rows, out):  # pragma: no cover - compiled
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        for d in range(source.shape[1]):
+            out[k, d] = source[r, d]
+            source[r, d] = 0.0
+
+
+def take_and_clear_rows(source: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[k] = source[rows[k]]``, then those rows of ``source`` zeroed (distinct ``rows``):
+    the hot rows' summed gradients moved into the all-reduce's buffer.
+
+    Args:
+        source: float [H, D], contiguous, updated in place.
+        rows: int64 [n] distinct rows of ``source``.
+        out: float [n, D], contiguous, of ``source``'s dtype.
+    """
+    _take_and_clear(*numpy_views(source, rows, out))
