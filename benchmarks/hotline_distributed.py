@@ -27,12 +27,19 @@ all-reduces (the sharded trainer's DDP: the dense gradients; Hotline's: the dens
 and the touched hot rows' in one all-reduce, plus one bit per hot row for the union of the
 touched rows). On the emulated cluster the bytes that crossed the host links (veth
 counters) are reported too; and each system's CPU time per step (a rank's process, all its
-threads, mean over the ranks): with more ranks than cores the step is bound by it. Every
+threads, mean over the ranks): with more ranks than cores the step is bound by it. On Linux
+that CPU time is also split by thread: the training thread, Hotline's worker (the cold
+exchange) and the rest (the communication library's threads). Every
 rank computes with one thread (``OMP_NUM_THREADS=1``, ``OMP_WAIT_POLICY=PASSIVE``).
 
 The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
-per step / the sharded trainer's), ``speedup`` (samples/s ratio) and ``popular_fraction``,
-with every figure; also written to OUT/hotline_distributed.json.
+per step / the sharded trainer's), ``speedup`` (the ratio of the systems' median samples/s),
+``speedup_median_of_rounds`` (the median of the rounds' ratios: on a machine whose speed
+drifts it pairs runs minutes apart, not a fast round with a slow one) and
+``popular_fraction``, with every figure; with both settings also ``link_ceiling``, the
+sharded trainer's samples/s on the loopback over its samples/s on the cluster: what a step
+with its CPU time and no cross-host bytes would gain there, the most Hotline can gain at
+equal CPU. Also written to OUT/hotline_distributed.json.
 
 Usage (as root for the cluster setting):
     python benchmarks/hotline_distributed.py                         # both settings, ~10 minutes on 2 busy cores
@@ -171,6 +178,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
         for step, batch in zip(range(t.max_steps), batches):
             if step == first_timed:
                 link_start, counters_start = link.tx(), dict(vars(training.counters)) if training else {}
+                threads_start = thread_cpu_seconds()
             started, cpu_started = time.perf_counter(), time.process_time()
             trainer.step_fn(batch, normalizer=t.batch_size / world)
             seconds.append(time.perf_counter() - started)
@@ -180,6 +188,7 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
             exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back
             reduced.append(training.embeddings.reduce_bytes if training else dense_bytes)
         timed = t.max_steps - first_timed
+        threads = {kind: seconds / timed for kind, seconds in cpu_by_thread_kind(threads_start, thread_cpu_seconds()).items()}
         cross_host = (link.tx() - link_start) / timed
         per_rank: list = [None] * world
         timed_figures = (
@@ -187,19 +196,22 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
             float(np.mean(exchanged[first_timed:])),
             float(np.mean(reduced[first_timed:])),
             float(np.mean(cpu_seconds[first_timed:])),
+            threads,
         )
         dist.all_gather_object(per_rank, timed_figures)
         counters = {k: v - counters_start[k] for k, v in vars(training.counters).items()} if training else {}
         components = {c: float(np.median([s.get(c, 0.0) for s in trainer.timer.steps[first_timed:]])) for c in COMPONENTS if c != "data_loading"}
     finally:
         trainer.close()
-    slowest = np.max([s for s, _, _, _ in per_rank], axis=0)
-    all_to_all = float(np.mean([a for _, a, _, _ in per_rank]))
-    all_reduce = float(np.mean([r for _, _, r, _ in per_rank]))
+    slowest = np.max([s for s, _, _, _, _ in per_rank], axis=0)
+    all_to_all = float(np.mean([a for _, a, _, _, _ in per_rank]))
+    all_reduce = float(np.mean([r for _, _, r, _, _ in per_rank]))
+    kinds = sorted({kind for *_, threads in per_rank for kind in threads})
     figures = {
         "samples_per_s": t.batch_size / float(np.median(slowest)),
         "step_ms": {"median": float(np.median(slowest)) * 1e3, "min": float(slowest.min()) * 1e3},
-        "cpu_ms_per_step": float(np.mean([c for _, _, _, c in per_rank])) * 1e3,  # a rank's process CPU time (all its threads), mean over ranks
+        "cpu_ms_per_step": float(np.mean([c for _, _, _, c, _ in per_rank])) * 1e3,  # a rank's process CPU time (all its threads), mean over ranks
+        "cpu_ms_per_step_by_thread": {kind: float(np.mean([threads.get(kind, 0.0) for *_, threads in per_rank])) * 1e3 for kind in kinds},
         "all_to_all_bytes_per_step": all_to_all,
         "all_reduce_bytes_per_step": all_reduce,
         "total_bytes_per_step": all_to_all + all_reduce,
@@ -213,6 +225,33 @@ def train_system(cfg, out: Path, first_timed: int) -> dict:
             hot_rows=int(training.embeddings.hot_ids.numel()),
         )
     return figures
+
+
+def thread_cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) so far of each thread of this process, by native thread id
+    (from ``/proc/self/task``; empty where there is none)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds = {}
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+    return seconds
+
+
+def cpu_by_thread_kind(start: dict[int, float], end: dict[int, float]) -> dict[str, float]:
+    """CPU seconds between two ``thread_cpu_seconds`` readings, summed per kind of thread:
+    ``training`` (the main thread), ``hotline_worker`` (the cold exchange's) and ``other``."""
+    import threading
+
+    from distrec.hotline.distributed import COLD_EXCHANGE_THREAD
+
+    workers = {t.native_id for t in threading.enumerate() if t.name.startswith(COLD_EXCHANGE_THREAD)}
+    kinds: dict[str, float] = {}
+    for tid, seconds in end.items():
+        kind = "training" if tid == os.getpid() else "hotline_worker" if tid in workers else "other"
+        kinds[kind] = kinds.get(kind, 0.0) + seconds - start.get(tid, 0.0)
+    return kinds
 
 
 # ----------------------------------------------------------------------------- report
@@ -231,6 +270,8 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
         "popular_fraction": round(hot["popular_fraction"], 4),
         "systems": {name: {**r, "samples_per_s_median": medians[name]} for name, r in pick.items()},
     }
+    # the two systems of a round ran minutes apart at most, so each round's ratio sees the same machine
+    result["speedup_median_of_rounds"] = round(median(result["speedup_per_round"]), 3)
     if base["cross_host_bytes_per_step"]:
         result["cross_host_bytes_ratio"] = round(hot["cross_host_bytes_per_step"] / base["cross_host_bytes_per_step"], 4)
     return result
@@ -239,6 +280,7 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
 def print_table(results: dict[str, dict]) -> None:
     print(
         f"\n{'setting':<8} {'system':<8} {'samples/s':>10} {'CPU ms/step':>12} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}"
+        "  CPU ms/step by thread"
     )
     for setting, r in results.items():
         for name, s in r["systems"].items():
@@ -246,8 +288,9 @@ def print_table(results: dict[str, dict]) -> None:
             print(
                 f"{setting:<8} {name:<8} {s['samples_per_s_median']:>10,.0f} {s['cpu_ms_per_step']:>12.1f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
                 f"{s['all_reduce_bytes_per_step'] / 1e6:>19.3f} {ratio:>12.3f} {s.get('popular_fraction', 0.0):>8.3f}"
+                f"  {', '.join(f'{kind} {ms:.1f}' for kind, ms in s['cpu_ms_per_step_by_thread'].items())}"
             )
-        print(f"{setting:<8} speedup {r['speedup']:.3f} (rounds: {r['speedup_per_round']})")
+        print(f"{setting:<8} speedup {r['speedup']:.3f} (rounds: {r['speedup_per_round']}, their median {r['speedup_median_of_rounds']:.3f})")
 
 
 def main() -> None:
@@ -274,7 +317,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the namespaces are removed on kill too
     results = {setting: summarize(run_setting(setting, args)) for setting in args.settings}
     print_table(results)
-    harness.finish({"config": vars(args), "baseline": "sharded", **results}, Path(args.out) / "hotline_distributed.json")
+    extra = {}
+    if {"local", "cluster"} <= results.keys():
+        sharded = {setting: results[setting]["systems"]["sharded"]["samples_per_s_median"] for setting in ("local", "cluster")}
+        extra["link_ceiling"] = round(sharded["local"] / sharded["cluster"], 3)
+        print(f"link ceiling {extra['link_ceiling']:.3f}: the cluster speed-up of the sharded trainer's step without its cross-host traffic")
+    harness.finish({"config": vars(args), "baseline": "sharded", **results, **extra}, Path(args.out) / "hotline_distributed.json")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ from distrec.train.schedule import make_schedulers
 from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
 
+COLD_EXCHANGE_THREAD = "hotline-cold-exchange"
+"""Name (prefix) of the worker thread that runs the non-popular micro-batch's exchange."""
+
 
 def replicated_hot_embeddings(
     model: nn.Module, tables: list[TableConfig], plan: ShardingPlan, device: torch.device, group: dist.ProcessGroup | None = None
@@ -98,7 +101,7 @@ class DistributedHotlineTraining:
         self._sampled_at_relearn = 0
         self.all_reduce_bytes = 0  # this rank's gradient all-reduces (dense and hot rows) since training started
         self.timer = timer
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="hotline-cold-exchange")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=COLD_EXCHANGE_THREAD)
 
     def step(self, batch: Batch, normalizer: float | None = None) -> torch.Tensor:
         """One training step on this rank's ``batch`` (a collective); the loss, detached: the
