@@ -36,10 +36,7 @@ The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's
 per step / the sharded trainer's), ``speedup`` (the ratio of the systems' median samples/s),
 ``speedup_median_of_rounds`` (the median of the rounds' ratios: on a machine whose speed
 drifts it pairs runs minutes apart, not a fast round with a slow one) and
-``popular_fraction``, with every figure; with both settings also ``link_ceiling``, the
-sharded trainer's samples/s on the loopback over its samples/s on the cluster: what a step
-with its CPU time and no cross-host bytes would gain there, the most Hotline can gain at
-equal CPU. Also written to OUT/hotline_distributed.json.
+``popular_fraction``, with every figure; also written to OUT/hotline_distributed.json.
 
 Usage (as root for the cluster setting):
     python benchmarks/hotline_distributed.py                         # both settings, ~10 minutes on 2 busy cores
@@ -317,12 +314,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the namespaces are removed on kill too
     results = {setting: summarize(run_setting(setting, args)) for setting in args.settings}
     print_table(results)
-    extra = {}
-    if {"local", "cluster"} <= results.keys():
-        sharded = {setting: results[setting]["systems"]["sharded"]["samples_per_s_median"] for setting in ("local", "cluster")}
-        extra["link_ceiling"] = round(sharded["local"] / sharded["cluster"], 3)
-        print(f"link ceiling {extra['link_ceiling']:.3f}: the cluster speed-up of the sharded trainer's step without its cross-host traffic")
-    harness.finish({"config": vars(args), "baseline": "sharded", **results, **extra}, Path(args.out) / "hotline_distributed.json")
+    harness.finish({"config": vars(args), "baseline": "sharded", **results}, Path(args.out) / "hotline_distributed.json")
 
 
 if __name__ == "__main__":
