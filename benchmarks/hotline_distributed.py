@@ -51,6 +51,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from statistics import median
@@ -239,8 +240,6 @@ def thread_cpu_seconds() -> dict[int, float]:
 def cpu_by_thread_kind(start: dict[int, float], end: dict[int, float]) -> dict[str, float]:
     """CPU seconds between two ``thread_cpu_seconds`` readings, summed per kind of thread:
     ``training`` (the main thread), ``hotline_worker`` (the cold exchange's) and ``other``."""
-    import threading
-
     from distrec.hotline.distributed import COLD_EXCHANGE_THREAD
 
     workers = {t.native_id for t in threading.enumerate() if t.name.startswith(COLD_EXCHANGE_THREAD)}

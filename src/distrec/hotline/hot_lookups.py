@@ -66,16 +66,12 @@ class MicroBatches(NamedTuple):
     other_cold: Batch
 
 
-def kept_bags(offsets: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def kept_bags(offsets: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The bags of a jagged batch cut at ``offsets`` int64 [bags + 1] with only the indices
-    where ``keep`` (bool [nnz]; None: all): their offsets int64 [bags + 1] and the bag of each
-    kept index, int64 [kept]."""
+    where ``keep`` (bool [nnz]): their offsets int64 [bags + 1] and the bag of each kept
+    index, int64 [kept]."""
     lengths = torch.diff(offsets)
-    nnz = int(offsets[-1]) if keep is None else keep.numel()
-    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=nnz)
-    if keep is None:
-        return offsets, bag_of
-    bag_of = bag_of[keep]
+    bag_of = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=keep.numel())[keep]
     kept = torch.zeros_like(offsets)
     torch.cumsum(torch.bincount(bag_of, minlength=lengths.numel()), 0, out=kept[1:])
     return kept, bag_of
