@@ -96,7 +96,7 @@ class EmulatedHosts:
 
     def _shape(self, prefix: list[str], dev: str) -> None:
         run = lambda *a: _check_call([*prefix, "tc", "qdisc", "add", "dev", dev, *a])  # noqa: E731
-        run("root", "handle", "1:", "tbf", "rate", self.bandwidth, "burst", "256kb", "latency", "100ms")
+        run(*_rate_limit(self.bandwidth))
         if self.delay_emulated and self.latency_ms > 0:
             try:
                 run("parent", "1:1", "handle", "10:", "netem", "delay", f"{self.latency_ms / 2}ms", "limit", "100000")
@@ -104,12 +104,30 @@ class EmulatedHosts:
                 print(f"emulated cluster: no added delay ({e})", file=sys.stderr)
                 self.delay_emulated = False
 
+    def rate_commands(self, bandwidth: str) -> list[list[str]]:
+        """Commands that set every host link's rate to ``bandwidth`` (the delay stays), runnable
+        as root from any network namespace (e.g. by a rank inside one of the hosts)."""
+        root = ["nsenter", f"--net=/proc/{os.getpid()}/ns/net"]  # this process's namespace holds the bridge's side
+        sides = [(root, dev) for dev in self.outer] + [(["ip", "netns", "exec", ns], dev) for ns, dev in zip(self.namespaces, self.inner)]
+        return [[*prefix, "tc", "qdisc", "change", "dev", dev, *_rate_limit(bandwidth)] for prefix, dev in sides]
+
     def _ip(self, *args: str) -> None:
         _check_call(["ip", *args])
 
     def __exit__(self, *exc) -> None:
         while self.created:
             subprocess.run(self.created.pop(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _rate_limit(bandwidth: str) -> list[str]:
+    """The ``tc qdisc`` arguments of a host link's rate limit (the root of its qdiscs)."""
+    return ["root", "handle", "1:", "tbf", "rate", bandwidth, "burst", "256kb", "latency", "100ms"]
+
+
+def set_link_rates(commands: list[list[str]]) -> None:
+    """Run ``EmulatedHosts.rate_commands``; raises RuntimeError naming a command that failed."""
+    for cmd in commands:
+        _check_call(cmd)
 
 
 def _check_call(cmd: list[str]) -> None:

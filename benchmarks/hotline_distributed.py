@@ -5,7 +5,10 @@ Two settings, each with the systems in turns (``--rounds`` rounds, the order alt
 - ``local``: 4 ranks on this machine (``--procs``), gloo over the loopback;
 - ``cluster``: 2 emulated hosts x 2 ranks (``benchmarks/emulated_cluster.py``'s ``EmulatedHosts``:
   network namespaces joined by ``tc``-shaped links, default 1 Gbit/s and 0.2 ms host to
-  host; needs root).
+  host; needs root). A third system takes its turn here: the sharded trainer again, with
+  the links' rate raised to ``--fast-bandwidth`` for its run (the delay kept), i.e. with the
+  same CPU work and its cross-host bytes almost free. Its speed over the sharded trainer's is
+  the most that removing cross-host bytes can give on this machine (``link_ceiling``).
 
 Both systems are distrec's trainer (``distrec.train.loop.Trainer``, the step it builds for the
 mode) on the same synthetic data: ``benchmarks/hotline.py``'s table mix, one table of 8M rows
@@ -36,7 +39,9 @@ The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's
 per step / the sharded trainer's), ``speedup`` (the ratio of the systems' median samples/s),
 ``speedup_median_of_rounds`` (the median of the rounds' ratios: on a machine whose speed
 drifts it pairs runs minutes apart, not a fast round with a slow one) and
-``popular_fraction``, with every figure; also written to OUT/hotline_distributed.json.
+``popular_fraction``, on the cluster also ``link_ceiling`` and ``speedup_over_fast_links``
+(Hotline's samples/s over the fast-link sharded trainer's; medians of the rounds' ratios),
+with every figure; also written to OUT/hotline_distributed.json.
 
 Usage (as root for the cluster setting):
     python benchmarks/hotline_distributed.py                         # both settings, ~10 minutes on 2 busy cores
@@ -57,11 +62,12 @@ from pathlib import Path
 from statistics import median
 
 import harness
-from emulated_cluster import EmulatedHosts, LinkCounter
+from emulated_cluster import EmulatedHosts, LinkCounter, set_link_rates
 
 SMALL_TABLES = 25  # hotline.py's mix: one large table, 25 of SMALL_ROWS rows
 SMALL_ROWS = 100
 SYSTEMS = ("sharded", "hotline")
+FAST_LINKS = "sharded_fast_links"  # the cluster's third system: the sharded trainer with faster host links
 
 
 def overrides(args: argparse.Namespace, out: Path, hotline: bool) -> list[str]:
@@ -98,25 +104,35 @@ def overrides(args: argparse.Namespace, out: Path, hotline: bool) -> list[str]:
 
 
 def run_setting(setting: str, args: argparse.Namespace) -> dict:
-    """Every round of both systems on one setting's ranks; rank 0's figures."""
+    """Every round of the setting's systems on its ranks; rank 0's figures."""
     from distrec import config
     from distrec.data import prepare
     from distrec.io import atomic_write_json
 
     out = Path(args.out).resolve() / setting
     out.mkdir(parents=True, exist_ok=True)
+    cluster = setting == "cluster"
     configs = {name: overrides(args, out.parent, name == "hotline") for name in SYSTEMS}
+    if cluster:
+        configs[FAST_LINKS] = configs["sharded"]
     prepare(config.load(None, configs["sharded"]).data, progress=False)  # once, before the ranks read it
     result_file = out / "result.json"
     result_file.unlink(missing_ok=True)
-    spec = {"configs": configs, "out": str(out), "rounds": args.rounds, "first_timed": args.learn_steps + 1, "result_file": str(result_file)}
-    spec_file = out / "spec.json"
-    atomic_write_json(spec_file, spec)
-    worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
-    cluster = setting == "cluster"
     per_host = args.procs // 2 if cluster else args.procs
     hosts = EmulatedHosts(2, args.bandwidth, args.latency_ms) if cluster else contextlib.nullcontext()
     with hosts:
+        link_rates = {"fast": hosts.rate_commands(args.fast_bandwidth), "shaped": hosts.rate_commands(args.bandwidth)} if cluster else None
+        spec = {
+            "configs": configs,
+            "out": str(out),
+            "rounds": args.rounds,
+            "first_timed": args.learn_steps + 1,
+            "result_file": str(result_file),
+            "link_rates": link_rates,
+        }
+        spec_file = out / "spec.json"
+        atomic_write_json(spec_file, spec)
+        worker = [sys.executable, os.path.abspath(__file__), harness.WORKER_FLAG, str(spec_file)]
         master = hosts.address(0) if cluster else "127.0.0.1"
         port = harness.free_port()
         commands, envs = [], []
@@ -133,7 +149,7 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict:
 
 
 def worker(spec_file: str) -> None:
-    """One rank: every round trains both systems, in turns; rank 0 writes the figures."""
+    """One rank: every round trains every system, in turns; rank 0 writes the figures."""
     import torch
     import torch.distributed as dist
 
@@ -144,17 +160,36 @@ def worker(spec_file: str) -> None:
     spec = json.loads(Path(spec_file).read_text())
     torch.set_num_threads(1)
     rank, _ = init_from_env(torch.device("cpu"))
-    rounds: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
+    systems = list(spec["configs"])
+    rounds: dict[str, list[dict]] = {name: [] for name in systems}
     for r in range(spec["rounds"]):
-        for name in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
+        for name in systems if r % 2 == 0 else systems[::-1]:
             cfg = config.load(None, spec["configs"][name])
-            rounds[name].append(train_system(cfg, Path(spec["out"]) / f"{name}-round{r}", spec["first_timed"]))
+            with fast_links(spec["link_rates"], rank) if name == FAST_LINKS else contextlib.nullcontext():
+                rounds[name].append(train_system(cfg, Path(spec["out"]) / f"{name}-round{r}", spec["first_timed"]))
             if rank == 0:
                 print(f"hotline_distributed: round {r} {name}: {json.dumps(rounds[name][-1])}", file=sys.stderr, flush=True)
     if rank == 0:
         atomic_write_json(spec["result_file"], rounds)
     dist.barrier()
     dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def fast_links(link_rates: dict[str, list[list[str]]], rank: int):
+    """Within the block the emulated host links run at the fast rate (rank 0 sets it; a collective)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        set_link_rates(link_rates["fast"])
+    dist.barrier()
+    try:
+        yield
+    finally:
+        dist.barrier()
+        if rank == 0:
+            set_link_rates(link_rates["shaped"])
+        dist.barrier()
 
 
 def train_system(cfg, out: Path, first_timed: int) -> dict:
@@ -268,6 +303,10 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
     }
     # the two systems of a round ran minutes apart at most, so each round's ratio sees the same machine
     result["speedup_median_of_rounds"] = round(median(result["speedup_per_round"]), 3)
+    if FAST_LINKS in rounds:  # what the sharded trainer gains when its cross-host bytes cost (almost) nothing
+        ceiling = [round(f["samples_per_s"] / s["samples_per_s"], 3) for f, s in zip(rounds[FAST_LINKS], rounds["sharded"])]
+        over_fast = [round(h["samples_per_s"] / f["samples_per_s"], 3) for h, f in zip(rounds["hotline"], rounds[FAST_LINKS])]
+        result.update(link_ceiling=round(median(ceiling), 3), link_ceiling_per_round=ceiling, speedup_over_fast_links=round(median(over_fast), 3))
     if base["cross_host_bytes_per_step"]:
         result["cross_host_bytes_ratio"] = round(hot["cross_host_bytes_per_step"] / base["cross_host_bytes_per_step"], 4)
     return result
@@ -275,18 +314,23 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
 
 def print_table(results: dict[str, dict]) -> None:
     print(
-        f"\n{'setting':<8} {'system':<8} {'samples/s':>10} {'CPU ms/step':>12} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}"
+        f"\n{'setting':<8} {'system':<18} {'samples/s':>10} {'CPU ms/step':>12} {'a2a MB/step':>12} {'all-reduce MB/step':>19} {'total ratio':>12} {'popular':>8}"
         "  CPU ms/step by thread"
     )
     for setting, r in results.items():
         for name, s in r["systems"].items():
             ratio = r["bytes_ratio"] if name == "hotline" else 1.0
             print(
-                f"{setting:<8} {name:<8} {s['samples_per_s_median']:>10,.0f} {s['cpu_ms_per_step']:>12.1f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
+                f"{setting:<8} {name:<18} {s['samples_per_s_median']:>10,.0f} {s['cpu_ms_per_step']:>12.1f} {s['all_to_all_bytes_per_step'] / 1e6:>12.3f} "
                 f"{s['all_reduce_bytes_per_step'] / 1e6:>19.3f} {ratio:>12.3f} {s.get('popular_fraction', 0.0):>8.3f}"
                 f"  {', '.join(f'{kind} {ms:.1f}' for kind, ms in s['cpu_ms_per_step_by_thread'].items())}"
             )
         print(f"{setting:<8} speedup {r['speedup']:.3f} (rounds: {r['speedup_per_round']}, their median {r['speedup_median_of_rounds']:.3f})")
+        if "link_ceiling" in r:
+            print(
+                f"{setting:<8} link ceiling {r['link_ceiling']:.3f} (rounds: {r['link_ceiling_per_round']}); "
+                f"Hotline over the sharded trainer with fast links {r['speedup_over_fast_links']:.3f}"
+            )
 
 
 def main() -> None:
@@ -295,7 +339,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = dict(procs=4, batch_size=1024, big_rows=8_000_000, dim=16, zipf=1.05, hot_budget="4MB", learn_steps=200, timed_steps=20, rounds=3,
-                    bandwidth="1gbit", latency_ms=0.2)  # fmt: skip
+                    bandwidth="1gbit", latency_ms=0.2, fast_bandwidth="10gbit")  # fmt: skip
     harness.add_options(parser, defaults, {
         "batch_size": "samples per rank and step (the global batch is procs times this)",
         "big_rows": "rows of the large table (hotline.py's: 8M)",
@@ -304,6 +348,7 @@ def main() -> None:
         "rounds": "rounds of both systems, in turns; medians are reported",
         "bandwidth": "tc rate of every emulated host link",
         "latency_ms": "emulated host-to-host delay (ms)",
+        "fast_bandwidth": "tc rate of the host links while the cluster's third system (the sharded trainer with fast links) trains",
     })  # fmt: skip
     parser.add_argument("--settings", nargs="+", default=["local", "cluster"], choices=["local", "cluster"])
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
