@@ -1,14 +1,17 @@
 """Distributed Hotline against the sharded trainer: bytes per step and samples/s, in the same run.
 
-Two settings, each with the systems in turns (``--rounds`` rounds, the order alternating):
+Two settings, each with both systems' trainers in the same processes and their timed steps
+taking turns step by step (the order alternating), so that both see the same machine: this
+one's speed drifts by up to 1.5x within minutes, and whole runs in turns paired a fast run
+with a slow one. ``--rounds`` blocks of ``--timed-steps`` steps per system give a ratio each:
 
 - ``local``: 4 ranks on this machine (``--procs``), gloo over the loopback;
 - ``cluster``: 2 emulated hosts x 2 ranks (``benchmarks/emulated_cluster.py``'s ``EmulatedHosts``:
   network namespaces joined by ``tc``-shaped links, default 1 Gbit/s and 0.2 ms host to
-  host; needs root). A third system takes its turn here: the sharded trainer again, with
-  the links' rate raised to ``--fast-bandwidth`` for its run (the delay kept), i.e. with the
-  same CPU work and its cross-host bytes almost free. Its speed over the sharded trainer's is
-  the most that removing cross-host bytes can give on this machine (``link_ceiling``).
+  host; needs root). A third turn here: the sharded trainer again, with the links' rate
+  raised to ``--fast-bandwidth`` for its step (the delay kept), i.e. with the same CPU work
+  and its cross-host bytes almost free. Its speed over the sharded trainer's is about the
+  most that removing cross-host bytes can give on this machine (``link_ceiling``).
 
 Both systems are distrec's trainer (``distrec.train.loop.Trainer``, the step it builds for the
 mode) on the same synthetic data: ``benchmarks/hotline.py``'s table mix, one table of 8M rows
@@ -22,8 +25,8 @@ about as many rows), DLRM with bottom MLP 256-64-16 and top MLP 256, SGD, table-
   The default 200 (205k samples, as many as ``hotline.py`` samples) makes about 71% of the
   inputs popular, as there; 30 gave 62%.
 
-Per step (the timed steps: after the hot set's first selection and one more step): the
-slowest rank's wall time of the training step (samples/s = global batch / its median), and
+Per step (the timed steps: after the hot set's first selection and one more step; every
+step starts on all ranks together): the slowest rank's wall time of the training step (samples/s = global batch / its median), and
 the bytes rank r sent, averaged over ranks: the embedding all-to-alls (input exchange,
 output exchange and its backward, which sends as many bytes back) plus the gradient
 all-reduces (the sharded trainer's DDP: the dense gradients; Hotline's: the dense gradients
@@ -37,14 +40,13 @@ rank computes with one thread (``OMP_NUM_THREADS=1``, ``OMP_WAIT_POLICY=PASSIVE`
 
 The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
 per step / the sharded trainer's), ``speedup`` (the ratio of the systems' median samples/s),
-``speedup_median_of_rounds`` (the median of the rounds' ratios: on a machine whose speed
-drifts it pairs runs minutes apart, not a fast round with a slow one) and
+``speedup_median_of_rounds`` (the median of the rounds' ratios) and
 ``popular_fraction``, on the cluster also ``link_ceiling`` and ``speedup_over_fast_links``
 (Hotline's samples/s over the fast-link sharded trainer's; medians of the rounds' ratios),
 with every figure; also written to OUT/hotline_distributed.json.
 
 Usage (as root for the cluster setting):
-    python benchmarks/hotline_distributed.py                         # both settings, ~10 minutes on 2 busy cores
+    python benchmarks/hotline_distributed.py                         # both settings, ~8 minutes on 2 busy cores
     python benchmarks/hotline_distributed.py --settings local --rounds 1 --learn-steps 10 --timed-steps 5
 """
 
@@ -70,14 +72,16 @@ SYSTEMS = ("sharded", "hotline")
 FAST_LINKS = "sharded_fast_links"  # the cluster's third system: the sharded trainer with faster host links
 
 
-def overrides(args: argparse.Namespace, out: Path, hotline: bool) -> list[str]:
-    """``section.key=value`` items of one system's run."""
+def overrides(args: argparse.Namespace, out: Path, hotline: bool, cluster: bool) -> list[str]:
+    """``section.key=value`` items of one system's trainer."""
     global_batch = args.batch_size * args.procs
-    steps = args.learn_steps + args.timed_steps + 1
+    timed = args.rounds * args.timed_steps
+    rows = global_batch * (args.learn_steps + 1 + 2 * timed + 2)  # the same data for both: the sharded trainer's two turns on the cluster
+    steps = args.learn_steps + 1 + timed * (2 if cluster and not hotline else 1)
     small = {f"C{f + 2}": SMALL_ROWS for f in range(SMALL_TABLES)}
     items = [
         f"data.cache_dir={out / 'cache'}",
-        f"data.synthetic.rows={global_batch * (steps + 2)}",
+        f"data.synthetic.rows={rows}",
         f"data.synthetic.num_sparse={SMALL_TABLES + 1}",
         f"data.synthetic.table_rows={args.big_rows}",
         f"data.max_ind_range={args.big_rows}",
@@ -112,9 +116,7 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict:
     out = Path(args.out).resolve() / setting
     out.mkdir(parents=True, exist_ok=True)
     cluster = setting == "cluster"
-    configs = {name: overrides(args, out.parent, name == "hotline") for name in SYSTEMS}
-    if cluster:
-        configs[FAST_LINKS] = configs["sharded"]
+    configs = {name: overrides(args, out.parent, name == "hotline", cluster) for name in SYSTEMS}
     prepare(config.load(None, configs["sharded"]).data, progress=False)  # once, before the ranks read it
     result_file = out / "result.json"
     result_file.unlink(missing_ok=True)
@@ -126,6 +128,7 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict:
             "configs": configs,
             "out": str(out),
             "rounds": args.rounds,
+            "timed_steps": args.timed_steps,
             "first_timed": args.learn_steps + 1,
             "result_file": str(result_file),
             "link_rates": link_rates,
@@ -149,26 +152,40 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict:
 
 
 def worker(spec_file: str) -> None:
-    """One rank: every round trains every system, in turns; rank 0 writes the figures."""
+    """One rank: both trainers learn (untimed), then their timed steps take turns step by
+    step, in ``rounds`` blocks (on the cluster the sharded trainer's turn comes twice: with
+    the shaped links and with fast ones); rank 0 writes each block's figures."""
     import torch
     import torch.distributed as dist
 
     from distrec import config
     from distrec.io import atomic_write_json
     from distrec.parallel.comm import init_from_env
+    from distrec.train.loop import Trainer
 
     spec = json.loads(Path(spec_file).read_text())
     torch.set_num_threads(1)
     rank, _ = init_from_env(torch.device("cpu"))
-    systems = list(spec["configs"])
-    rounds: dict[str, list[dict]] = {name: [] for name in systems}
-    for r in range(spec["rounds"]):
-        for name in systems if r % 2 == 0 else systems[::-1]:
-            cfg = config.load(None, spec["configs"][name])
-            with fast_links(spec["link_rates"], rank) if name == FAST_LINKS else contextlib.nullcontext():
-                rounds[name].append(train_system(cfg, Path(spec["out"]) / f"{name}-round{r}", spec["first_timed"]))
-            if rank == 0:
-                print(f"hotline_distributed: round {r} {name}: {json.dumps(rounds[name][-1])}", file=sys.stderr, flush=True)
+    trainers = {name: Trainer(config.load(None, spec["configs"][name]), Path(spec["out"]) / name, progress=False) for name in SYSTEMS}
+    try:
+        turns = {name: Turns(trainer) for name, trainer in trainers.items()}
+        for system in turns.values():
+            system.untimed(spec["first_timed"])  # Hotline's hot set is learned and selected here
+        labels = [*SYSTEMS, FAST_LINKS] if spec["link_rates"] else list(SYSTEMS)
+        rounds: dict[str, list[dict]] = {label: [] for label in labels}
+        for r in range(spec["rounds"]):
+            records = {label: StepRecords() for label in labels}
+            for step in range(spec["timed_steps"]):
+                for label in labels if step % 2 == 0 else labels[::-1]:
+                    with fast_links(spec["link_rates"], rank) if label == FAST_LINKS else contextlib.nullcontext():
+                        turns["sharded" if label == FAST_LINKS else label].timed(records[label])
+            for label in labels:
+                rounds[label].append(records[label].figures(turns["sharded" if label == FAST_LINKS else label]))  # a collective
+                if rank == 0:
+                    print(f"hotline_distributed: round {r} {label}: {json.dumps(rounds[label][-1])}", file=sys.stderr, flush=True)
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
     if rank == 0:
         atomic_write_json(spec["result_file"], rounds)
     dist.barrier()
@@ -192,72 +209,100 @@ def fast_links(link_rates: dict[str, list[list[str]]], rank: int):
         dist.barrier()
 
 
-def train_system(cfg, out: Path, first_timed: int) -> dict:
-    """``cfg.train.max_steps`` steps of the trainer's own step; the timed steps' figures (a collective)."""
-    import numpy as np
-    import torch.distributed as dist
+class Turns:
+    """One trainer's steps on its own batches, untimed or timed into a ``StepRecords``."""
 
-    from distrec.train.breakdown import COMPONENTS
-    from distrec.train.loop import Trainer
+    def __init__(self, trainer) -> None:
+        t = trainer.cfg.train
+        self.trainer = trainer
+        self.training = getattr(trainer.mode, "training", None)  # Hotline's step, None for the sharded trainer
+        self.dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
+        self.batches = trainer.dataset.batches(
+            trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, trainer.world_size)
+        )
+        self.normalizer = t.batch_size / trainer.world_size
+        self.link = LinkCounter()
 
-    trainer = Trainer(cfg, out, progress=False)
-    try:
-        t, world = cfg.train, trainer.world_size
-        training = getattr(trainer.mode, "training", None)  # Hotline's step, None for the sharded trainer
-        dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
-        batches = trainer.dataset.batches(trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, world))
-        link = LinkCounter()
-        seconds, cpu_seconds, exchanged, reduced = [], [], [], []
-        for step, batch in zip(range(t.max_steps), batches):
-            if step == first_timed:
-                link_start, counters_start = link.tx(), dict(vars(training.counters)) if training else {}
-                threads_start = thread_cpu_seconds()
-            started, cpu_started = time.perf_counter(), time.process_time()
-            trainer.step_fn(batch, normalizer=t.batch_size / world)
-            seconds.append(time.perf_counter() - started)
-            cpu_seconds.append(time.process_time() - cpu_started)
-            trainer.timer.end_step()
-            stats = trainer.mode.exchange_stats()
-            exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back
-            reduced.append(training.embeddings.reduce_bytes if training else dense_bytes)
-        timed = t.max_steps - first_timed
-        threads = {kind: seconds / timed for kind, seconds in cpu_by_thread_kind(threads_start, thread_cpu_seconds()).items()}
-        cross_host = (link.tx() - link_start) / timed
-        per_rank: list = [None] * world
-        timed_figures = (
-            seconds[first_timed:],
-            float(np.mean(exchanged[first_timed:])),
-            float(np.mean(reduced[first_timed:])),
-            float(np.mean(cpu_seconds[first_timed:])),
-            threads,
+    def untimed(self, steps: int) -> None:
+        for _ in range(steps):
+            self.trainer.step_fn(next(self.batches), normalizer=self.normalizer)
+            self.trainer.timer.end_step()
+
+    def timed(self, records: StepRecords) -> None:
+        """One step, its wall and CPU time, bytes and breakdown added to ``records``."""
+        batch = next(self.batches)
+        counters = dict(vars(self.training.counters)) if self.training else {}
+        threads, tx = thread_cpu_seconds(), self.link.tx()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        self.trainer.step_fn(batch, normalizer=self.normalizer)
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        records.threads.append(cpu_by_thread_kind(threads, thread_cpu_seconds()))
+        records.cross_host.append(self.link.tx() - tx)
+        self.trainer.timer.end_step()
+        stats = self.trainer.mode.exchange_stats()
+        records.seconds.append(seconds)
+        records.cpu_seconds.append(cpu_seconds)
+        records.exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back
+        records.reduced.append(self.training.embeddings.reduce_bytes if self.training else self.dense_bytes)
+        records.components.append(self.trainer.timer.steps[-1])
+        if self.training:
+            for k, v in vars(self.training.counters).items():
+                records.counters[k] = records.counters.get(k, 0) + v - counters[k]
+
+
+class StepRecords:
+    """What a rank measured in one system's timed steps of a round."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.exchanged: list[int] = []
+        self.reduced: list[int] = []
+        self.cross_host: list[int] = []
+        self.threads: list[dict[str, float]] = []
+        self.components: list[dict[str, float]] = []
+        self.counters: dict[str, int] = {}
+
+    def figures(self, turns: Turns) -> dict:
+        """The round's figures over the ranks (a collective): the slowest rank's step time per
+        step, bytes and CPU averaged over the ranks, rank 0's breakdown."""
+        import numpy as np
+        import torch.distributed as dist
+
+        from distrec.train.breakdown import COMPONENTS
+
+        n = len(self.seconds)
+        threads: dict[str, float] = {}
+        for step in self.threads:
+            for kind, seconds in step.items():
+                threads[kind] = threads.get(kind, 0.0) + seconds / n
+        per_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(
+            per_rank, (self.seconds, float(np.mean(self.exchanged)), float(np.mean(self.reduced)), float(np.mean(self.cpu_seconds)), threads)
         )
-        dist.all_gather_object(per_rank, timed_figures)
-        counters = {k: v - counters_start[k] for k, v in vars(training.counters).items()} if training else {}
-        components = {c: float(np.median([s.get(c, 0.0) for s in trainer.timer.steps[first_timed:]])) for c in COMPONENTS if c != "data_loading"}
-    finally:
-        trainer.close()
-    slowest = np.max([s for s, _, _, _, _ in per_rank], axis=0)
-    all_to_all = float(np.mean([a for _, a, _, _, _ in per_rank]))
-    all_reduce = float(np.mean([r for _, _, r, _, _ in per_rank]))
-    kinds = sorted({kind for *_, threads in per_rank for kind in threads})
-    figures = {
-        "samples_per_s": t.batch_size / float(np.median(slowest)),
-        "step_ms": {"median": float(np.median(slowest)) * 1e3, "min": float(slowest.min()) * 1e3},
-        "cpu_ms_per_step": float(np.mean([c for _, _, _, c, _ in per_rank])) * 1e3,  # a rank's process CPU time (all its threads), mean over ranks
-        "cpu_ms_per_step_by_thread": {kind: float(np.mean([threads.get(kind, 0.0) for *_, threads in per_rank])) * 1e3 for kind in kinds},
-        "all_to_all_bytes_per_step": all_to_all,
-        "all_reduce_bytes_per_step": all_reduce,
-        "total_bytes_per_step": all_to_all + all_reduce,
-        "cross_host_bytes_per_step": cross_host if link.ifname else None,
-        "rank0_components_ms": components,  # the trainer's breakdown, medians of the timed steps
-    }
-    if training:
-        figures.update(
-            popular_fraction=counters["popular_samples"] / counters["samples"],  # rank 0's samples of the timed steps
-            hot_lookup_fraction=counters["hot_lookups"] / counters["lookups"],
-            hot_rows=int(training.embeddings.hot_ids.numel()),
-        )
-    return figures
+        slowest = np.max([s for s, _, _, _, _ in per_rank], axis=0)
+        all_to_all = float(np.mean([a for _, a, _, _, _ in per_rank]))
+        all_reduce = float(np.mean([r for _, _, r, _, _ in per_rank]))
+        kinds = sorted({kind for *_, threads in per_rank for kind in threads})
+        batch_size = turns.trainer.cfg.train.batch_size
+        figures = {
+            "samples_per_s": batch_size / float(np.median(slowest)),
+            "step_ms": {"median": float(np.median(slowest)) * 1e3, "min": float(slowest.min()) * 1e3},
+            "cpu_ms_per_step": float(np.mean([c for _, _, _, c, _ in per_rank])) * 1e3,  # a rank's process CPU time (all its threads), mean over ranks
+            "cpu_ms_per_step_by_thread": {kind: float(np.mean([threads.get(kind, 0.0) for *_, threads in per_rank])) * 1e3 for kind in kinds},
+            "all_to_all_bytes_per_step": all_to_all,
+            "all_reduce_bytes_per_step": all_reduce,
+            "total_bytes_per_step": all_to_all + all_reduce,
+            "cross_host_bytes_per_step": float(np.mean(self.cross_host)) if turns.link.ifname else None,
+            "rank0_components_ms": {c: float(np.median([s.get(c, 0.0) for s in self.components])) for c in COMPONENTS if c != "data_loading"},
+        }
+        if turns.training:
+            figures.update(
+                popular_fraction=self.counters["popular_samples"] / self.counters["samples"],  # rank 0's samples of the timed steps
+                hot_lookup_fraction=self.counters["hot_lookups"] / self.counters["lookups"],
+                hot_rows=int(turns.training.embeddings.hot_ids.numel()),
+            )
+        return figures
 
 
 def thread_cpu_seconds() -> dict[int, float]:
@@ -344,8 +389,8 @@ def main() -> None:
         "batch_size": "samples per rank and step (the global batch is procs times this)",
         "big_rows": "rows of the large table (hotline.py's: 8M)",
         "learn_steps": "steps before the hot set is selected (rank 0's mini-batches, all sampled)",
-        "timed_steps": "steps timed after the hot set's selection and one more step (fewer than learn_steps)",
-        "rounds": "rounds of both systems, in turns; medians are reported",
+        "timed_steps": "timed steps of each system per round, after the hot set's selection and one more step",
+        "rounds": "rounds (blocks of timed steps; rounds x timed steps below learn steps, so the hot set stays); medians are reported",
         "bandwidth": "tc rate of every emulated host link",
         "latency_ms": "emulated host-to-host delay (ms)",
         "fast_bandwidth": "tc rate of the host links while the cluster's third system (the sharded trainer with fast links) trains",
@@ -353,8 +398,8 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["local", "cluster"], choices=["local", "cluster"])
     parser.add_argument("--out", default="runs/bench-hotline-distributed", help="folder for the runs and the cache")
     args = parser.parse_args()
-    if args.procs % 2 or args.timed_steps >= args.learn_steps:
-        parser.error("--procs must be even (2 emulated hosts) and --timed-steps below --learn-steps (one hot set)")
+    if args.procs % 2 or args.rounds * args.timed_steps >= args.learn_steps:
+        parser.error("--procs must be even (2 emulated hosts) and --rounds x --timed-steps below --learn-steps (one hot set)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the namespaces are removed on kill too
     results = {setting: summarize(run_setting(setting, args)) for setting in args.settings}
     print_table(results)
