@@ -54,12 +54,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
 
@@ -76,7 +78,7 @@ def overrides(args: argparse.Namespace, out: Path, hotline: bool, cluster: bool)
     """``section.key=value`` items of one system's trainer."""
     global_batch = args.batch_size * args.procs
     timed = args.rounds * args.timed_steps
-    rows = global_batch * (args.learn_steps + 1 + 2 * timed + 2)  # the same data for both: the sharded trainer's two turns on the cluster
+    rows = global_batch * (args.learn_steps + 1 + 2 * timed + 2)  # the same data for both (about an epoch)
     steps = args.learn_steps + 1 + timed * (2 if cluster and not hotline else 1)
     small = {f"C{f + 2}": SMALL_ROWS for f in range(SMALL_TABLES)}
     items = [
@@ -108,7 +110,8 @@ def overrides(args: argparse.Namespace, out: Path, hotline: bool, cluster: bool)
 
 
 def run_setting(setting: str, args: argparse.Namespace) -> dict:
-    """Every round of the setting's systems on its ranks; rank 0's figures."""
+    """Every round of the setting's systems on its ranks: rank 0's figures (``rounds``, per
+    system a list) and, on the cluster, whether the links' delay was emulated."""
     from distrec import config
     from distrec.data import prepare
     from distrec.io import atomic_write_json
@@ -145,7 +148,7 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict:
                          "GLOO_SOCKET_IFNAME": ifname, "HOST_IFNAME": ifname if cluster else ""})  # fmt: skip
             commands.append(["ip", "netns", "exec", hosts.namespaces[rank // per_host], *worker] if cluster else worker)
         harness.launch_ranks(commands, envs, f"hotline_distributed ({setting})")
-    return json.loads(result_file.read_text())
+    return {"rounds": json.loads(result_file.read_text()), "latency_emulated": hosts.delay_emulated if cluster else None}
 
 
 # ----------------------------------------------------------------------------- worker
@@ -217,11 +220,17 @@ class Turns:
         self.trainer = trainer
         self.training = getattr(trainer.mode, "training", None)  # Hotline's step, None for the sharded trainer
         self.dense_bytes = sum(p.numel() * p.element_size() for p in trainer.model.dense_parameters())
-        self.batches = trainer.dataset.batches(
-            trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=0, shard=(trainer.rank, trainer.world_size)
-        )
+        self.batches = self._epochs()
         self.normalizer = t.batch_size / trainer.world_size
         self.link = LinkCounter()
+
+    def _epochs(self) -> Iterator:
+        """This rank's batches, epoch after epoch."""
+        t, trainer = self.trainer.cfg.train, self.trainer
+        for epoch in itertools.count():
+            yield from trainer.dataset.batches(
+                trainer.splits["train"], t.batch_size, shuffle=True, seed=t.seed, epoch=epoch, shard=(trainer.rank, trainer.world_size)
+            )
 
     def untimed(self, steps: int) -> None:
         for _ in range(steps):
@@ -333,8 +342,9 @@ def cpu_by_thread_kind(start: dict[int, float], end: dict[int, float]) -> dict[s
 # ----------------------------------------------------------------------------- report
 
 
-def summarize(rounds: dict[str, list[dict]]) -> dict:
+def summarize(measured: dict) -> dict:
     """Per system the median round (by samples/s; bytes are the same in every round), and the ratios."""
+    rounds: dict[str, list[dict]] = measured["rounds"]
     medians = {name: median(r["samples_per_s"] for r in runs) for name, runs in rounds.items()}
     pick = {name: min(runs, key=lambda r: abs(r["samples_per_s"] - medians[name])) for name, runs in rounds.items()}
     base, hot = pick["sharded"], pick["hotline"]
@@ -348,6 +358,8 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
     }
     # the two systems of a round ran minutes apart at most, so each round's ratio sees the same machine
     result["speedup_median_of_rounds"] = round(median(result["speedup_per_round"]), 3)
+    if measured["latency_emulated"] is not None:
+        result["latency_emulated"] = measured["latency_emulated"]  # False: the kernel has no netem, the links only limit the rate
     if FAST_LINKS in rounds:  # what the sharded trainer gains when its cross-host bytes cost (almost) nothing
         ceiling = [round(f["samples_per_s"] / s["samples_per_s"], 3) for f, s in zip(rounds[FAST_LINKS], rounds["sharded"])]
         over_fast = [round(h["samples_per_s"] / f["samples_per_s"], 3) for h, f in zip(rounds["hotline"], rounds[FAST_LINKS])]
@@ -384,7 +396,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = dict(procs=4, batch_size=1024, big_rows=8_000_000, dim=16, zipf=1.05, hot_budget="4MB", learn_steps=200, timed_steps=20, rounds=3,
-                    bandwidth="1gbit", latency_ms=0.2, fast_bandwidth="10gbit")  # fmt: skip
+                    bandwidth="1gbit", latency_ms=0.2, fast_bandwidth="100gbit")  # fmt: skip
     harness.add_options(parser, defaults, {
         "batch_size": "samples per rank and step (the global batch is procs times this)",
         "big_rows": "rows of the large table (hotline.py's: 8M)",
