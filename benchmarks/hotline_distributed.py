@@ -233,6 +233,7 @@ class Turns:
             )
 
     def untimed(self, steps: int) -> None:
+        """``steps`` steps, nothing recorded (the breakdown still closes each)."""
         for _ in range(steps):
             self.trainer.step_fn(next(self.batches), normalizer=self.normalizer)
             self.trainer.timer.end_step()
