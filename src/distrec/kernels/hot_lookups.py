@@ -37,8 +37,6 @@ def _find(values, offsets, batch_size, table_base, table_rows, hot_ids, hot_star
     base = np.empty(SEARCH_BLOCK, np.int64)
     row = np.empty(SEARCH_BLOCK, np.int64)
     for f in range(num_features):
-        # the last hot id <= row among the table's own hot ids, without branches (a select per
-        # halving); every index of the table takes the same number of halvings
         first, end = hot_start[f], hot_start[f + 1]
         lo, hi = offsets[f * batch_size], offsets[(f + 1) * batch_size]
         if end - first == table_rows[f]:  # every row of the table is hot: row v sits at first + v
@@ -48,6 +46,8 @@ def _find(values, offsets, batch_size, table_base, table_rows, hot_ids, hot_star
                     return k
                 positions[k] = first + v
             continue
+        # the last hot id <= row among the table's own hot ids, without branches (a select per
+        # halving); every index of the table takes the same number of halvings
         for s in range(lo, hi, SEARCH_BLOCK):
             m = min(SEARCH_BLOCK, hi - s)
             for i in range(m):
