@@ -175,15 +175,16 @@ def worker(spec_file: str) -> None:
         for system in turns.values():
             system.untimed(spec["first_timed"])  # Hotline's hot set is learned and selected here
         labels = [*SYSTEMS, FAST_LINKS] if spec["link_rates"] else list(SYSTEMS)
+        turn_of = {label: turns["sharded" if label == FAST_LINKS else label] for label in labels}
         rounds: dict[str, list[dict]] = {label: [] for label in labels}
         for r in range(spec["rounds"]):
             records = {label: StepRecords() for label in labels}
             for step in range(spec["timed_steps"]):
                 for label in labels if step % 2 == 0 else labels[::-1]:
                     with fast_links(spec["link_rates"], rank) if label == FAST_LINKS else contextlib.nullcontext():
-                        turns["sharded" if label == FAST_LINKS else label].timed(records[label])
+                        turn_of[label].timed(records[label])
             for label in labels:
-                rounds[label].append(records[label].figures(turns["sharded" if label == FAST_LINKS else label]))  # a collective
+                rounds[label].append(records[label].figures(turn_of[label]))  # a collective
                 if rank == 0:
                     print(f"hotline_distributed: round {r} {label}: {json.dumps(rounds[label][-1])}", file=sys.stderr, flush=True)
     finally:
