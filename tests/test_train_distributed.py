@@ -25,8 +25,11 @@ import torch
 
 from distrec.cli import main
 from distrec.data import Dataset, prepare
+from distrec.models.dlrm import DLRM
 from distrec.parallel.default_plans import uniform_plan
+from distrec.parallel.parallelize import dense_data_parallel
 from distrec.parallel.plan import ShardingPlan
+from distrec.tables import TableConfig
 from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
 from tiny_runs import TINY_DATA, assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
@@ -124,6 +127,18 @@ def test_local_embeddings_share_dense_layers_and_diverge_in_tables(cache, tmp_pa
     assert len(divergence) == 2 and all(d > 0 for d in divergence)
     expected = ((states[0]["tables"] - states[1]["tables"]) / 2).square().sum().sqrt().item()
     assert divergence[-1] == pytest.approx(expected, rel=1e-4)
+
+
+def _buffers_ddp_broadcasts(rank: int, world_size: int) -> tuple[list[str], float]:
+    model = DLRM(3, [TableConfig("t0", 10, 4), TableConfig("t1", 10, 4)], bottom_mlp=[4], top_mlp=[4])
+    model.top.register_buffer("seen", torch.full((1,), float(rank)))  # state: rank 0's is broadcast
+    ddp = dense_data_parallel(model, torch.device("cpu"))
+    return [name for name, b in model.named_buffers() if any(b is x for x in ddp.modules_buffers)], float(model.top.seen)
+
+
+def test_dense_data_parallel_broadcasts_state_buffers_not_index_maps():
+    """The dot interaction's index maps (non-persistent) are not broadcast at every forward."""
+    assert run_distributed(_buffers_ddp_broadcasts, 2) == [(["top.seen"], 0.0)] * 2
 
 
 def test_breakdown_is_written_and_plotted(cache, tmp_path):

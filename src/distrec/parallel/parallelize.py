@@ -45,9 +45,15 @@ def resolve_plan(tables: list[TableConfig], cfg: ParallelConfig, world_size: int
 
 def dense_data_parallel(model: nn.Module, device: torch.device, group: dist.ProcessGroup | None = None) -> DistributedDataParallel:
     """``model`` (on ``device``) in DDP with its embedding parameters and buffers excluded, so
-    DDP all-reduces the dense gradients only; ``.module`` is the model itself."""
+    DDP all-reduces the dense gradients only; ``.module`` is the model itself.
+
+    Non-persistent buffers (index maps computed from the architecture, such as the dot
+    interaction's pair positions) are excluded too: every rank builds them equal, and DDP
+    would otherwise broadcast them from rank 0 before every forward, one more collective
+    (and one more wait for the slowest rank) per step."""
     embedding_names = [f"embeddings.{name}" for name, _ in [*model.embeddings.named_parameters(), *model.embeddings.named_buffers()]]
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, embedding_names)
+    derived_buffers = [f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules() for name in module._non_persistent_buffers_set]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, embedding_names + derived_buffers)
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group, gradient_as_bucket_view=True)
 
 
