@@ -45,7 +45,8 @@ class StepTimer:
     """Accumulates milliseconds per component for every step, then summarises them.
 
     ``TrainStep`` charges ``forward``, ``loss``, ``backward``, ``gradient_all_reduce`` and
-    ``optimizer``; the trainer charges ``data_loading``; a parallel mode charges its own
+    ``optimizer``; the trainer charges ``data_loading`` and, to ``loss``, the check that the
+    loss is finite on every rank (an all-reduce); a parallel mode charges its own
     collectives (``replica_sync``: time with ``phase``, bytes with ``add_bytes``). A phase
     inside another is charged to itself only. At the end of each step the forward time is
     split with what the watched modules reported:

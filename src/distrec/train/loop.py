@@ -241,8 +241,9 @@ class Trainer:
             for batch in self._timed(batches):
                 global_size = min(t.batch_size, len(train_rows) - self.progress.step_in_epoch * t.batch_size)
                 loss = self.step_fn(batch, normalizer=global_size / self.world_size)
+                with self.timer.phase("loss"):  # a collective on several ranks: part of the step's time
+                    self._stop_unless_finite(loss)
                 self.timer.end_step()
-                self._stop_unless_finite(loss)
                 exchange = self.mode.exchange_stats()
                 if exchange is not None:
                     self.all_to_all_bytes += exchange.input_bytes + exchange.output_bytes
