@@ -20,7 +20,10 @@ repeat, the median over rounds is reported, so both sides are measured under the
 machine load. Throughput is the global batch (2,048 x processes) over the step time. The
 last line printed is one JSON object; its ``results`` hold, per configuration, the keys
 ``pooling_factor``, ``procs``, ``optimizer``, ``distrec_samples_per_s``,
-``torchrec_samples_per_s`` and ``ratio`` (distrec over TorchRec).
+``torchrec_samples_per_s`` and ``ratio`` (distrec over TorchRec: the ratio of the medians),
+and ``round_ratios`` (each round's two runs) with their median ``median_round_ratio``. The
+machine's speed drifts over minutes, so the ratio of medians can pair distrec's median round
+with another round's TorchRec; a round's two runs share their load.
 
 With ``--profile`` each result also holds, per round, distrec's step components
 (``distrec_components_ms``, from ``breakdown.json``) and the self CPU ms per step of
@@ -319,9 +322,11 @@ def main() -> None:
                 print(f"round {r + 1}/{args.rounds} {w.label:<28} distrec {d:9,.0f}  torchrec {t:9,.0f}  ratio {d / t:5.2f}", flush=True)
 
     results = []
-    print(f"\n{'pooling':>7} {'procs':>5} {'optimizer':>9} {'distrec/s':>10} {'torchrec/s':>10} {'ratio':>6}")
+    print(f"\n{'pooling':>7} {'procs':>5} {'optimizer':>9} {'distrec/s':>10} {'torchrec/s':>10} {'ratio':>6} {'of rounds':>9}")
     for w, s in speeds.items():
         d, t = statistics.median(s["distrec"]), statistics.median(s["torchrec"])
+        # each round's two runs ran minutes apart at most: their ratio cancels the machine's drift
+        round_ratios = [a / b for a, b in zip(s["distrec"], s["torchrec"])]
         results.append(
             {
                 "pooling_factor": w.pooling_factor,
@@ -330,12 +335,14 @@ def main() -> None:
                 "distrec_samples_per_s": round(d),
                 "torchrec_samples_per_s": round(t),
                 "ratio": round(d / t, 3),
+                "median_round_ratio": round(statistics.median(round_ratios), 3),
+                "round_ratios": [round(x, 3) for x in round_ratios],
                 "distrec_rounds": [round(x) for x in s["distrec"]],
                 "torchrec_rounds": [round(x) for x in s["torchrec"]],
                 **({"distrec_components_ms": parts[w]["distrec"], "torchrec_fbgemm_ms": parts[w]["torchrec"]} if args.profile else {}),
             }
         )
-        print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f}")
+        print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f} {statistics.median(round_ratios):>9.2f}")
     config = {k: v for k, v in vars(args).items() if k != "torchrec_worker"}
     print(json.dumps({"config": config, "distribution": args.distribution, "results": results}))
 
