@@ -327,6 +327,7 @@ def main() -> None:
         d, t = statistics.median(s["distrec"]), statistics.median(s["torchrec"])
         # each round's two runs ran minutes apart at most: their ratio cancels the machine's drift
         round_ratios = [a / b for a, b in zip(s["distrec"], s["torchrec"])]
+        of_rounds = statistics.median(round_ratios)
         results.append(
             {
                 "pooling_factor": w.pooling_factor,
@@ -335,14 +336,14 @@ def main() -> None:
                 "distrec_samples_per_s": round(d),
                 "torchrec_samples_per_s": round(t),
                 "ratio": round(d / t, 3),
-                "median_round_ratio": round(statistics.median(round_ratios), 3),
+                "median_round_ratio": round(of_rounds, 3),
                 "round_ratios": [round(x, 3) for x in round_ratios],
                 "distrec_rounds": [round(x) for x in s["distrec"]],
                 "torchrec_rounds": [round(x) for x in s["torchrec"]],
                 **({"distrec_components_ms": parts[w]["distrec"], "torchrec_fbgemm_ms": parts[w]["torchrec"]} if args.profile else {}),
             }
         )
-        print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f} {statistics.median(round_ratios):>9.2f}")
+        print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f} {of_rounds:>9.2f}")
     config = {k: v for k, v in vars(args).items() if k != "torchrec_worker"}
     print(json.dumps({"config": config, "distribution": args.distribution, "results": results}))
 
