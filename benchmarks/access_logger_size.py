@@ -46,12 +46,12 @@ import harness
 from distrec.config import DataConfig, SyntheticConfig
 from distrec.data import Dataset, prepare
 from distrec.data.synthetic import SyntheticGenerator
+from distrec.figures import save_figure
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, logger_bytes_for, measure_recall
 from distrec.hotline.hot_set import hot_row_bytes
 from distrec.hotline.measure import batch_ids, logger_size_figure
 from distrec.hotline.rows import RowSpace
 from distrec.io import atomic_write_json
-from distrec.report import save_figure
 from distrec.units import parse_bytes
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

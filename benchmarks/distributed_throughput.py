@@ -25,8 +25,8 @@ from functools import partial
 from pathlib import Path
 
 import harness
+from distrec.components.breakdown import COMPONENTS
 from distrec.report import plot_breakdowns
-from distrec.train.breakdown import COMPONENTS
 
 SHARDINGS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 

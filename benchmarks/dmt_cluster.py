@@ -66,7 +66,7 @@ def scheme_overrides(args: argparse.Namespace, out: Path) -> dict[str, list[str]
     from distrec.parallel.sptt import FeatureLayout
     from distrec.parallel.sptt_embedding import tower_plan
     from distrec.parallel.topology import Topology
-    from distrec.towers.partition import TowerPartition
+    from distrec.tower_partition import TowerPartition
 
     rows = args.steps * args.global_batch + args.eval_rows
     common = [
@@ -107,7 +107,7 @@ def model_figures(overrides: list[str], hosts: int, ranks_per_host: int, batch: 
     from distrec.models.dmt_cost import dmt_cost
     from distrec.models.tower_modules import mflops_per_sample, num_parameters
     from distrec.tables import stand_in_tables
-    from distrec.towers.partition import resolve_towers
+    from distrec.tower_partition import resolve_towers
 
     cfg = config.load(None, overrides)
     dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
@@ -173,7 +173,7 @@ def worker(spec_file: str) -> None:
 
 def train_scheme(cfg, out: Path, warmup: int) -> dict:
     """Train one scheme with ``Trainer``; its median step times, cross-host bytes and AUC (rank 0)."""
-    from distrec.train.breakdown import COMPONENTS
+    from distrec.components.breakdown import COMPONENTS
 
     parts = {"iteration": [c for c in COMPONENTS if c != "data_loading"], "embedding_forward": EMBEDDING_FORWARD, "output_exchange": ("output_all_to_all",)}
     summary, slowest, cross_host = train_measured(cfg, out, warmup, parts)

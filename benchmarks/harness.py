@@ -230,8 +230,8 @@ def train_epochs(
     training step (Adam for the dense parameters, lazy Adam for the tables), in this process.
     ``after_epoch(epoch)`` (epochs counted from 1) runs after each pass, e.g. to evaluate;
     it gets the model in eval mode and training resumes in train mode."""
-    from distrec.train.optim import make_optimizers
-    from distrec.train.step import TrainStep
+    from distrec.components.optim import make_optimizers
+    from distrec.components.step import TrainStep
 
     step = TrainStep(model, make_optimizers(model, "adam", lr, "adam", embedding_lr))
     for epoch in range(epochs):

@@ -93,6 +93,8 @@ import torch
 
 import harness
 from distrec import config
+from distrec.components.optim import make_optimizers
+from distrec.components.step import TrainStep
 from distrec.config import DataConfig, ModelConfig, SyntheticConfig
 from distrec.data.batch import Batch
 from distrec.data.dataset import Dataset
@@ -104,8 +106,6 @@ from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import TableConfig, stand_in_tables
-from distrec.train.optim import make_optimizers
-from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
 
 PAGE = mmap.PAGESIZE

@@ -65,6 +65,8 @@ import torch
 from tqdm import tqdm
 
 import harness
+from distrec.components.optim import make_optimizers
+from distrec.components.step import TrainStep
 from distrec.data.batch import Batch
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection, stacked_rows_init
 from distrec.hotline.optim import TieredRowOptimizer
@@ -73,8 +75,6 @@ from distrec.hotline.tiers import CHUNK_BYTES, FLOAT_BYTES
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import TableConfig, stand_in_tables
-from distrec.train.optim import make_optimizers
-from distrec.train.step import TrainStep
 from hotline import LR, Setup, System, in_memory, make_batches, model_config, run_config
 
 GB = 10**9

@@ -280,7 +280,7 @@ class StepRecords:
         import numpy as np
         import torch.distributed as dist
 
-        from distrec.train.breakdown import COMPONENTS
+        from distrec.components.breakdown import COMPONENTS
 
         n = len(self.seconds)
         threads: dict[str, float] = {}

@@ -132,7 +132,7 @@ def _log(message: str) -> None:
 
 def random_towers(num_features: int, num_towers: int, seed: int) -> list[list[int]]:
     """Towers of the strided sizes with features drawn at random (seeded)."""
-    from distrec.towers.partition import naive_assignment
+    from distrec.tower_partition import naive_assignment
 
     labels = np.random.default_rng(seed).permutation(naive_assignment(num_features, num_towers))
     return [[int(f) for f in np.flatnonzero(labels == t)] for t in range(num_towers)]

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distrec.components.optim import OPTIMIZER_NAMES, make_optimizers
+from distrec.components.step import TrainStep
 from distrec.config import DataConfig, ModelConfig, SyntheticConfig
 from distrec.data.batch import Batch
 from distrec.data.dataset import Dataset
@@ -46,8 +48,6 @@ from distrec.data.synthetic import SyntheticGenerator
 from distrec.models.build import build_model
 from distrec.models.mlp import mlp
 from distrec.tables import TableConfig
-from distrec.train.optim import OPTIMIZER_NAMES, make_optimizers
-from distrec.train.step import TrainStep
 
 # learning rates do not change the speed; these are the usual defaults of each optimizer
 LEARNING_RATES = {"sgd": 0.01, "adagrad": 0.01, "adam": 0.001}

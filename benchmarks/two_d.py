@@ -145,10 +145,10 @@ def local_step_ms(cfg, world_size: int, steps: int = 12) -> float:
     local (dense layers, lookups, optimizers): the simulator's compute on this machine."""
     import time
 
+    from distrec.components.optim import make_optimizers
+    from distrec.components.step import TrainStep
     from distrec.data import Dataset, prepare
     from distrec.models.build import build_model
-    from distrec.train.optim import make_optimizers
-    from distrec.train.step import TrainStep
 
     dataset = Dataset(prepare(cfg.data, progress=False), cfg.data)
     model = build_model(cfg.model, dataset.num_dense, dataset.tables(cfg.model.embedding_dim))
@@ -193,7 +193,7 @@ def row_merge_seconds(shard_rows: int, lookups: int, dim: int, steps: int = 10) 
 
 def train_run(cfg, out: Path, warmup: int) -> dict:
     """Train one run: mean step times (slowest rank per step), bytes per step, link bytes."""
-    from distrec.train.breakdown import COMPONENTS as BREAKDOWN
+    from distrec.components.breakdown import COMPONENTS as BREAKDOWN
 
     parts = {"iteration": [c for c in BREAKDOWN if c != "data_loading"], **{c: (c,) for c in BREAKDOWN}}
     summary, slowest, link_bytes = train_measured(cfg, out, warmup, parts)

@@ -1,7 +1,10 @@
-"""The shape of the code: no import cycles, and the imports the design keeps out.
+"""The shape of the code: no import cycles between modules or between packages, and the
+imports the design keeps out.
 
 Models know nothing of ranks or techniques, and the trainer knows no technique: it meets
-the parallel modes only through ``distrec.parallel.mode`` and ``distrec.modes``.
+the parallel modes only through ``distrec.parallel.mode`` and ``distrec.modes``. The parts
+both use (optimizers, schedules, the step, checkpoint files, the time breakdown) live in
+``distrec.components``, below both, so neither the modes nor Hotline import the trainer.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ FORBIDDEN = [
     ("distrec.models", "distrec.towers"),
     ("distrec.models", "distrec.parallel"),
     ("distrec.models", "distrec.hotline"),
+    ("distrec.parallel", "distrec.train"),
+    ("distrec.hotline", "distrec.train"),
+    *((("distrec.components", above) for above in ("distrec.train", "distrec.parallel", "distrec.hotline", "distrec.modes", "distrec.cli"))),
 ]
 
 
@@ -86,8 +92,24 @@ def graph() -> dict[str, set[str]]:
     return module_imports(SRC)
 
 
+def packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to distrec's top-level packages and modules (``distrec.x``)."""
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    collapsed: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        collapsed.setdefault(top(module), set()).update(top(t) for t in targets if top(t) != top(module))
+    return collapsed
+
+
 def test_no_import_cycles(graph):
     assert cycles(graph) == []
+
+
+def test_no_package_cycles(graph):
+    assert cycles(packages(graph)) == []
 
 
 @pytest.mark.parametrize("importer, imported", FORBIDDEN)
@@ -97,6 +119,12 @@ def test_forbidden_imports(graph, importer, imported):
 
     bad = sorted(f"{m} -> {t}" for m, targets in graph.items() if inside(m, importer) for t in targets if inside(t, imported))
     assert bad == []
+
+
+def test_packages_collapse_modules_into_their_package():
+    graph = {"distrec.a.x": {"distrec.b.y"}, "distrec.b.y": {"distrec.a.z"}, "distrec.a.z": set()}
+    assert cycles(graph) == []
+    assert cycles(packages(graph)) == [["distrec.a", "distrec.b"]]
 
 
 def test_the_checker_finds_a_cycle():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrec.train.breakdown import COLLECTIVES, COMPONENTS, StepTimer
+from distrec.components.breakdown import COLLECTIVES, COMPONENTS, StepTimer
 
 
 def test_a_phase_inside_another_is_not_charged_twice(monkeypatch):

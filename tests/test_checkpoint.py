@@ -11,11 +11,11 @@ import torch
 
 from distrec import io
 from distrec.cli import main
+from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.errors import DistrecError
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks
 from distrec.tables import TableConfig
-from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
 from test_cli import assert_one_line_error
 from tiny_runs import tiny_cli_flags
@@ -157,7 +157,7 @@ class MakesMarker:
 
 def rewrite_checksum(checkpoint, name):
     """Record the current bytes of ``name`` in meta.json, as a forger would."""
-    from distrec.train.checkpoint import file_checksum
+    from distrec.components.checkpoint import file_checksum
 
     meta = json.loads((checkpoint / "meta.json").read_text())
     meta["sha256"][name] = file_checksum(checkpoint / name)
@@ -277,7 +277,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
 def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(tmp_path, monkeypatch):
     """Hotline's base rows (maybe larger than RAM) are shared by hard links: a new checkpoint
     takes their checksum from the one it links from, and the result verifies."""
-    from distrec.train import checkpoint
+    from distrec.components import checkpoint
 
     state = {0: {"x": torch.arange(4)}}
     checkpoint.save_checkpoint(tmp_path, state, {"step": 1}, write_files=lambda d: (d / "rows.bin").write_bytes(os.urandom(4096)))
@@ -297,7 +297,7 @@ def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(t
 def test_a_settled_file_is_not_read_again_while_it_keeps_its_identity(tmp_path, monkeypatch):
     """A file unchanged for a while when saved (Hotline's base rows) is verified by its identity
     (device, inode, size, mtime) at load; a write, a copy or a fresh file is read and checked."""
-    from distrec.train import checkpoint
+    from distrec.components import checkpoint
 
     def settled_rows(directory):
         (directory / "rows.bin").write_bytes(os.urandom(4096))
@@ -327,7 +327,7 @@ def test_a_settled_file_is_not_read_again_while_it_keeps_its_identity(tmp_path, 
 
 
 def test_a_malformed_file_identity_entry_is_one_line(tmp_path):
-    from distrec.train import checkpoint
+    from distrec.components import checkpoint
 
     checkpoint.save_checkpoint(tmp_path, {0: {"x": torch.arange(4)}}, {"step": 1})
     meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())

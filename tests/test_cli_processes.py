@@ -16,7 +16,7 @@ import torch
 
 from distrec.cli import main
 from distrec.cli.failures import LAUNCHER_LOGGER, announcing_restarts
-from distrec.train.checkpoint import find_checkpoint, read_meta
+from distrec.components.checkpoint import find_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
 from test_cli import ANNOUNCED_RUN, assert_one_line_error
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from distrec import config
+from distrec.components.optim import RowWiseAdagrad
 from distrec.data import Dataset, prepare
 from distrec.hotline.distributed import replicated_hot_embeddings
 from distrec.hotline.replicated import ReplicatedHotEmbedding
@@ -23,7 +24,6 @@ from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.reshard import held_blocks
 from distrec.train.evaluate import load_trained_model
-from distrec.train.optim import RowWiseAdagrad
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_on_rank
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from distrec.figures import save_figure
 from distrec.hotline.access_logger import AccessLogger, measure_recall
 from distrec.hotline.measure import (
     batch_ids,
@@ -12,7 +13,6 @@ from distrec.hotline.measure import (
     popularity_curve,
     systems_figure,
 )
-from distrec.report import save_figure
 from test_hotline_hot_set import SPACE, make_batch
 
 # rows a{1, 2, 3}, b{0, 5} = global 1, 2, 3, 10, 15; counts 2, 3, 1, 3, 1

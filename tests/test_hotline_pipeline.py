@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from distrec.components.optim import make_optimizers
+from distrec.components.step import TrainStep
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import AccessLogger
 from distrec.hotline.embedding import HotlineEmbeddingBagCollection
@@ -14,8 +16,6 @@ from distrec.hotline.hot_set import HotSet
 from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import WORKER_NAME, HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
-from distrec.train.optim import make_optimizers
-from distrec.train.step import TrainStep
 from test_hotline_embedding import TABLES, all_rows, tiny_dlrm, zipf_batch
 
 

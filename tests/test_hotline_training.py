@@ -8,6 +8,9 @@ import torch
 
 from distrec import config
 from distrec.cli import main
+from distrec.components.optim import make_optimizers
+from distrec.components.schedule import make_schedulers
+from distrec.components.step import TrainStep
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
 from distrec.hotline.row_files import SavedRows
@@ -16,9 +19,6 @@ from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import stand_in_tables
 from distrec.train.evaluate import load_trained_model
-from distrec.train.optim import make_optimizers
-from distrec.train.schedule import make_schedulers
-from distrec.train.step import TrainStep
 from multiprocess import run_distributed
 from test_hotline_embedding import TABLES, all_rows, zipf_batch
 

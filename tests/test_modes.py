@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from distrec import config, modes
+from distrec.components.step import TrainStep
 from distrec.errors import DistrecError
 from distrec.hotline.replicated_mode import ReplicatedHotline
 from distrec.hotline.tiers_mode import HotlineTiers
@@ -24,7 +25,6 @@ from distrec.parallel.sptt_mode import Sptt, SpttTowers
 from distrec.parallel.two_d import TwoD, TwoDSptt, TwoDSpttTowers
 from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import Trainer
-from distrec.train.step import TrainStep
 from tiny_runs import tiny_config
 
 MODE_OF = [

@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch import nn
 
+from distrec.components import optim
+from distrec.components.optim import LazyAdam, RowWiseAdagrad, SparseSGD, coalesced_rows, make_optimizers
+from distrec.components.step import TrainStep
 from distrec.config import ModelConfig, apply_preset
 from distrec.errors import DistrecError
 from distrec.models.build import build_model
 from distrec.tables import TableConfig
-from distrec.train import optim
-from distrec.train.optim import LazyAdam, RowWiseAdagrad, SparseSGD, coalesced_rows, make_optimizers
-from distrec.train.step import TrainStep
 from test_models import random_batch, single_hot_batch
 
 ROWS, DIM = 12, 5

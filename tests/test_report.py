@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from distrec.cli import main
+from distrec.components.breakdown import COMPONENTS
 from distrec.errors import DistrecError
 from distrec.report import breakdown_figure, curves_figure, run_labels
-from distrec.train.breakdown import COMPONENTS
 from tiny_runs import TINY_DATA
 
 

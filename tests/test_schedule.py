@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from distrec.components.schedule import LRSchedule, make_schedulers
 from distrec.errors import DistrecError
-from distrec.train.schedule import LRSchedule, make_schedulers
 
 
 def test_warmup_then_constant():

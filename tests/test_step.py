@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distrec.components.optim import make_optimizers
+from distrec.components.schedule import make_schedulers
+from distrec.components.step import TrainStep
 from distrec.config import ModelConfig, apply_preset
 from distrec.data.batch import Batch
 from distrec.models.build import build_model
 from distrec.tables import TableConfig
-from distrec.train.optim import make_optimizers
-from distrec.train.schedule import make_schedulers
-from distrec.train.step import TrainStep
 
 TABLES = [TableConfig("user", 20, 8), TableConfig("item", 30, 8, multi_hot=True)]
 

@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from distrec.cli import main
-from distrec.train.breakdown import COMPONENTS
+from distrec.components.breakdown import COMPONENTS
 from tiny_runs import TINY_DATA
 
 # the tiny preset on tiny_runs' data set, the loss logged every 2 steps, evaluations every 4

@@ -6,11 +6,10 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from distrec.errors import DistrecError
+from distrec.tower_partition import TowerPartition, naive_assignment
 from distrec.towers.partition import (
-    TowerPartition,
     embed_features,
     interaction_matrix,
-    naive_assignment,
     partition_features,
     plot_similarity,
     tightest_ratio,

@@ -17,7 +17,7 @@ from distrec.models.dcn import DCN
 from distrec.models.dlrm import DLRM
 from distrec.models.dmt import TowerEmbeddings
 from distrec.tables import TableConfig
-from distrec.towers.partition import TowerPartition
+from distrec.tower_partition import TowerPartition
 from distrec.train.evaluate import evaluate_checkpoint, load_trained_model
 from distrec.train.loop import Trainer, train
 from distrec.train.run import check_run, resume_config

@@ -12,7 +12,7 @@ from distrec import config
 from distrec.errors import DistrecError
 from distrec.modes import check_mode
 from distrec.tables import TableConfig
-from distrec.towers.partition import TowerPartition
+from distrec.tower_partition import TowerPartition
 from distrec.train.evaluate import load_trained_model
 from distrec.train.loop import train
 from multiprocess import run_distributed

@@ -17,7 +17,7 @@ from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.two_d import TouchLog, merge_touched_rows, replica_average, replica_layout
-from distrec.towers.partition import TowerPartition
+from distrec.tower_partition import TowerPartition
 from distrec.train.loop import Trainer, train
 from multiprocess import run_distributed
 from tiny_runs import assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters

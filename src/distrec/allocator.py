@@ -24,7 +24,7 @@ with 44,000 page faults per step against 57 ms and 1,000 faults with freed memor
 moods. ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
 and freed ones stay there, as LD_PRELOADing jemalloc or tcmalloc would, without another
 library. The planner's measuring processes call it, and so does every training step on a
-CPU model (``distrec.train.step.TrainStep``), whose activations, gradients and optimizer
+CPU model (``distrec.components.step.TrainStep``), whose activations, gradients and optimizer
 scratch are temporaries of the same kind.
 
 The price is resident memory: freed heap (up to ``RETAINED_BYTES``) is kept rather than

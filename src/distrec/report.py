@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distrec.components.breakdown import COMPONENTS
 from distrec.errors import DistrecError
-from distrec.io import atomic_path, read_json
-from distrec.train.breakdown import COMPONENTS
+from distrec.figures import pyplot, save_figure
+from distrec.io import read_json
 from distrec.train.run import BREAKDOWN_FILE, METRICS_FILE
 
 if TYPE_CHECKING:
@@ -41,15 +42,6 @@ def check_runs(run_dirs: list[Path]) -> None:
             raise DistrecError(f"{str(d)!r} holds neither {BREAKDOWN_FILE} nor {METRICS_FILE}; pass the --out directory of a 'distrec train' run")
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def breakdown_figure(run_dirs: list[Path], statistic: str = "median_ms") -> Figure | None:
     """One horizontal stacked bar per run holding ``breakdown.json`` (ms per iteration by
     component, ``statistic`` ``median_ms`` or ``mean_ms``), top to bottom in the given order;
@@ -58,7 +50,7 @@ def breakdown_figure(run_dirs: list[Path], statistic: str = "median_ms") -> Figu
     runs = [(labels[d], _breakdown(d)) for d in labels if (d / BREAKDOWN_FILE).is_file()]
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9.0, 1.6 + 0.45 * len(runs)))
     names = [label for label, _ in runs]
     left = [0.0] * len(runs)
@@ -82,7 +74,7 @@ def curves_figure(run_dirs: list[Path]) -> Figure | None:
     runs = [(labels[d], _records(d / METRICS_FILE)) for d in labels if (d / METRICS_FILE).is_file()]
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(12.0, 4.5))
     colors = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
     for i, (label, records) in enumerate(runs):
@@ -116,14 +108,6 @@ def _records(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             raise DistrecError(f"{str(path)!r} line {number} is not JSON; the run's metrics log is damaged, remove that line") from None
     return records
-
-
-def save_figure(fig: Figure, output: Path) -> Path:
-    """Write ``fig`` as a PNG to ``output`` (atomically) and release it."""
-    with atomic_path(output) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    _pyplot().close(fig)
-    return output
 
 
 def plot_breakdowns(run_dirs: list[Path], output: Path, statistic: str = "median_ms") -> Path:

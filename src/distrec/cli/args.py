@@ -43,7 +43,7 @@ def add_trust_arg(p: argparse.ArgumentParser) -> None:
 
 def trusting(args: argparse.Namespace) -> AbstractContextManager:
     """The context in which a command loads checkpoints: pickles allowed with --trust-checkpoint."""
-    from distrec.train.checkpoint import trusting_pickles
+    from distrec.components.checkpoint import trusting_pickles
 
     return trusting_pickles() if args.trust_checkpoint else nullcontext()
 

@@ -74,10 +74,10 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
     """
     import torch
 
+    from distrec.components.optim import make_optimizers
+    from distrec.components.step import TrainStep
     from distrec.hotline.training import HotlineTraining
     from distrec.models.build import build_model
-    from distrec.train.optim import make_optimizers
-    from distrec.train.step import TrainStep
 
     t = cfg.train
     if t.threads:

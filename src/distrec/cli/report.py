@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from distrec.report import breakdown_figure, check_runs, curves_figure, save_figure
+    from distrec.figures import save_figure
+    from distrec.report import breakdown_figure, check_runs, curves_figure
 
     runs = [Path(r) for r in args.runs]
     check_runs(runs)

@@ -158,7 +158,7 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from distrec.train.checkpoint import has_checkpoint
+    from distrec.components.checkpoint import has_checkpoint
 
     worker_argv = []
     skip = False
@@ -303,14 +303,14 @@ def dmt_line(cost: dict) -> str:
 
 def _restarted_with_checkpoint(out: Path) -> bool:
     """Whether the elastic launcher restarted this worker and the run has a checkpoint to resume."""
-    from distrec.train.checkpoint import has_checkpoint
+    from distrec.components.checkpoint import has_checkpoint
 
     return _restart_count() > 0 and has_checkpoint(out)
 
 
 def _what_was_kept(out: Path) -> str:
     """What an interrupted run leaves: the last complete checkpoint and how to continue."""
-    from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+    from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
 
     if not has_checkpoint(out):
         return f"no checkpoint was written in {str(out)!r} yet"
@@ -323,7 +323,7 @@ def _what_was_kept(out: Path) -> str:
 
 def _restart_point(out: Path) -> str:
     """Where restarted workers continue: the step of the run's last checkpoint, or the start."""
-    from distrec.train.checkpoint import find_checkpoint, has_checkpoint, read_meta
+    from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
 
     if not has_checkpoint(out):
         return "from the start (no checkpoint yet)"

@@ -29,6 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distrec.components.breakdown import StepTimer
+from distrec.components.optim import SparseRowOptimizer, make_optimizers
+from distrec.components.schedule import make_schedulers
+from distrec.components.step import TrainStep
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.hotline.access_logger import DEFAULT_LOGGER_BYTES, AccessLogger
@@ -40,10 +44,6 @@ from distrec.hotline.row_state import row_state_floats
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig
-from distrec.train.breakdown import StepTimer
-from distrec.train.optim import SparseRowOptimizer, make_optimizers
-from distrec.train.schedule import make_schedulers
-from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
 
 COLD_EXCHANGE_THREAD = "hotline-cold-exchange"

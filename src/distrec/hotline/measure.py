@@ -106,7 +106,7 @@ def _figure(width: float, height: float) -> Figure:
 
 def _fraction_plot(lines: list[tuple[Sequence[float], Sequence[float], dict]], xlabel: str, ylabel: str, title: str, path: str | Path) -> None:
     """Lines ``(x, y, matplotlib style)`` of fractions over a log-scale x axis, saved as a PNG."""
-    from distrec.report import save_figure
+    from distrec.figures import save_figure
 
     fig = _figure(6, 4)
     ax = fig.subplots()
@@ -171,7 +171,7 @@ def logger_size_figure(results_by_stream: Mapping[str, list[dict]], marks_bytes:
 
 def plot_recall(results: list[dict], path: str | Path, title: str, marks_bytes: Mapping[str, int] | None = None) -> Path:
     """``logger_size_figure`` of one stream's ``measure_recall`` results, as a PNG (atomically)."""
-    from distrec.report import save_figure
+    from distrec.figures import save_figure
 
     return save_figure(logger_size_figure({title: results}, marks_bytes), Path(path))
 

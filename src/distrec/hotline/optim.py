@@ -1,6 +1,6 @@
 """The embedding optimizer of Hotline: the project's sparse row updates, applied tier by tier.
 
-``distrec.train.optim`` defines the sparse optimizers (SGD, row-wise Adagrad, lazy Adam)
+``distrec.components.optim`` defines the sparse optimizers (SGD, row-wise Adagrad, lazy Adam)
 for a table-sized parameter with table-sized state. In Hotline a row and its optimizer
 state live together in one stored row of the fast or the slow tier (see ``tiers.py``), so
 this optimizer runs the very same ``update`` of the project's optimizer on each tier, with
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.optim import Optimizer
 
+from distrec.components.optim import SPARSE_OPTIMIZERS, evaluate_closure
 from distrec.errors import DistrecError
 from distrec.hotline.row_state import STEP_KEY, state_views
-from distrec.train.optim import SPARSE_OPTIMIZERS, evaluate_closure
 
 if TYPE_CHECKING:
     from distrec.hotline.embedding import HotlineEmbeddingBagCollection

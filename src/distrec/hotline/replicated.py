@@ -31,12 +31,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from distrec.allocator import empty_table
+from distrec.components.exchange import ExchangeStats
 from distrec.data.batch import Batch
 from distrec.hotline.hot_lookups import HotBags, find_hot_lookups, hot_bags, keep_indices
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
-from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 
 
 class _HotPooling(torch.autograd.Function):

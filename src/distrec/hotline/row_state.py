@@ -12,7 +12,7 @@ import torch
 from distrec.errors import DistrecError
 
 # Per-row optimizer state stored after the weights, as (state key, floats per row); a
-# width of 1 is a per-row scalar (a 1-D state in distrec.train.optim), "dim" a vector.
+# width of 1 is a per-row scalar (a 1-D state in distrec.components.optim), "dim" a vector.
 ROW_STATE: dict[str, tuple[tuple[str, str], ...]] = {
     "sgd": (),
     "adagrad": (("sum", "scalar"),),

@@ -2,7 +2,7 @@
 
 Turns a built model (``distrec.models.build.build_model``, whose ``embeddings`` is an
 EmbeddingBagCollection) and a run's configuration into the contract of
-``distrec.train.step.TrainStep``: ``step(batch) -> loss`` runs one mini-batch through the
+``distrec.components.step.TrainStep``: ``step(batch) -> loss`` runs one mini-batch through the
 Hotline pipeline (popular micro-batch from the fast tier while the non-popular one's cold
 rows are prefetched), then the dense optimizer, the tiered row optimizer and the
 learning-rate schedulers.
@@ -28,6 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from distrec.components.breakdown import StepTimer
+from distrec.components.optim import make_optimizers
+from distrec.components.schedule import make_schedulers
+from distrec.components.step import TrainStep
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
@@ -41,10 +45,6 @@ from distrec.hotline.row_files import BASE_FILE, SavedRows
 from distrec.io import atomic_path
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.tables import TableConfig
-from distrec.train.breakdown import StepTimer
-from distrec.train.optim import make_optimizers
-from distrec.train.schedule import make_schedulers
-from distrec.train.step import TrainStep
 from distrec.units import parse_bytes
 
 log = logging.getLogger(__name__)

@@ -18,17 +18,16 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
+from distrec.components.optim import SparseRowOptimizer, make_optimizers, optimizer_of
+from distrec.components.schedule import make_schedulers
+from distrec.components.step import TrainStep
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.dmt_cost import dmt_cost
 from distrec.parallel.mode import ParallelMode, TrainingStep
 from distrec.parallel.parallelize import dense_data_parallel
-from distrec.parallel.reshard import export_blocks
+from distrec.parallel.reshard import export_blocks, restore_embeddings
 from distrec.parallel.tower_state import export_towers, restore_towers
-from distrec.train.checkpoint import restore_embeddings
-from distrec.train.optim import SparseRowOptimizer, make_optimizers, optimizer_of
-from distrec.train.schedule import make_schedulers
-from distrec.train.step import TrainStep
 
 
 def hyperparameters(optimizer: Optimizer | None) -> list[dict[str, Any]]:

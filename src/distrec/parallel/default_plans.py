@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from distrec.errors import DistrecError
+from distrec.parallel.placement import greedy_place
 from distrec.parallel.plan import SHARDING_TYPES, Shard, ShardingPlan, TablePlacement
-from distrec.planner.placement import greedy_place
 from distrec.tables import TableConfig
 
 

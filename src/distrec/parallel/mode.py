@@ -33,13 +33,13 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from distrec.components.breakdown import StepTimer
+from distrec.components.exchange import ExchangeStats
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
 from distrec.parallel.plan import ShardingPlan
-from distrec.parallel.sharded_embedding import ExchangeStats
 from distrec.tables import TableConfig
-from distrec.train.breakdown import StepTimer
 
 EmbeddingLayout = Literal["single", "sharded", "local"]
 """Where a run's tables live, as summaries and checkpoints record it: whole in one process,

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from distrec.components.checkpoint import load_state
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 
@@ -146,3 +148,19 @@ def import_blocks(embeddings: nn.Module, optimizer: Optimizer | None, saved: Ite
                 elif block.col_start <= held.block.col_start < block.col_end:
                     target[rows] = value[saved_rows].to(target.device)
             state.update(s["scalars"])
+
+
+def restore_embeddings(checkpoint: Path, meta: dict[str, Any], embeddings: torch.nn.Module, optimizer: Optimizer | None, rank: int) -> None:
+    """Fill the blocks ``embeddings`` holds on ``rank`` (and ``optimizer``'s row state) from a checkpoint.
+
+    Only the rank files holding overlapping blocks are read (memory-mapped). A checkpoint of
+    local embeddings gives rank r the tables of saved rank r mod (saved world size).
+    """
+    index = meta["blocks"]
+    if meta.get("embeddings") == "local":
+        sources = {rank % int(meta["world_size"])}
+    else:
+        wanted = [h.block for h in held_blocks(embeddings)]
+        sources = {entry["rank"] for entry in index if any(w.overlap(Block(**entry["block"])) for w in wanted)}
+    saved = [b for r in sorted(sources) for b in load_state(checkpoint, r)["blocks"]]
+    import_blocks(embeddings, optimizer, saved)

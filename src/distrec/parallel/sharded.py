@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from distrec.components.exchange import ExchangeStats
 from distrec.config import RunConfig
 from distrec.models.base import RecommendationModel
 from distrec.parallel.block_mode import BlockMode
 from distrec.parallel.parallelize import resolve_plan
-from distrec.parallel.sharded_embedding import ExchangeStats, ShardedEmbeddingBagCollection
+from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.tables import TableConfig, stand_in_tables
 
 

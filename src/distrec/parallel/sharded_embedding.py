@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distrec.allocator import empty_table
+from distrec.components.exchange import ExchangeStats
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.kernels import compiled
@@ -103,17 +104,6 @@ class Routes:
     """Exchanged units per owning rank."""
     local: list[int]
     """Positions in the module's ``local_units`` of this rank's exchanged units."""
-
-
-@dataclass
-class ExchangeStats:
-    """Bytes and milliseconds of the last forward's exchanges on this rank."""
-
-    input_bytes: int = 0
-    output_bytes: int = 0
-    input_ms: float = 0.0
-    lookup_ms: float = 0.0
-    output_ms: float = 0.0
 
 
 class ShardedEmbeddingBagCollection(nn.Module):

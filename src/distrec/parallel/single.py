@@ -9,7 +9,7 @@ from distrec.config import ParallelConfig, RunConfig
 from distrec.parallel.block_mode import BlockMode
 from distrec.parallel.mode import RunContext
 from distrec.tables import TableConfig
-from distrec.towers.partition import resolve_towers
+from distrec.tower_partition import resolve_towers
 
 log = logging.getLogger(__name__)
 

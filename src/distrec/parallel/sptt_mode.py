@@ -12,7 +12,7 @@ from distrec.parallel.mode import RunContext
 from distrec.parallel.sharded import Sharded
 from distrec.parallel.sptt_embedding import run_topology, sptt_embeddings, sptt_tower_embeddings
 from distrec.tables import TableConfig
-from distrec.towers.partition import resolve_towers
+from distrec.tower_partition import resolve_towers
 from distrec.units import parse_bytes
 
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from distrec.components.checkpoint import load_state
 from distrec.errors import DistrecError
-from distrec.train.checkpoint import load_state
 
 
 def _copy(value: Any) -> Any:

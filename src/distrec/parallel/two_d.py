@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from distrec.components.optim import gradient_rows
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
@@ -59,7 +60,6 @@ from distrec.parallel.sparse_grads import all_gather_rows, average_sparse_grads
 from distrec.parallel.sptt_mode import Sptt, SpttTowers
 from distrec.sim.components import ReplicaAverage
 from distrec.tables import TableConfig
-from distrec.train.optim import gradient_rows
 
 SCALE_FREE_OPTIMIZERS = ("adagrad", "adam")
 """Embedding optimizers whose row step is about the same for a gradient and its multiples."""

@@ -2,7 +2,7 @@
 
 Stages, one module each: ``types`` (vocabulary), ``features`` (table statistics),
 ``table_pool`` (synthetic DLRM tables and tasks), ``indices`` (synthetic index batches),
-``heuristics`` and ``placement`` (baselines, greedy placement), ``torchrec_planner``
+``heuristics`` (baselines; their greedy placement is ``distrec.parallel.placement``), ``torchrec_planner``
 (TorchRec's planner as a baseline, optional), ``workload`` and ``collect``
 (micro-benchmarks), ``cost_models`` (neural cost models), ``search`` (NeuroShard search),
 ``emit`` (ShardingPlan output), ``execute`` (running a plan), ``api`` (``plan_tables``),

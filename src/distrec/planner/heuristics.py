@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from distrec.errors import DistrecError
-from distrec.planner.placement import greedy_place
+from distrec.parallel.placement import greedy_place
 from distrec.planner.types import PlanConstraints, TableSpec
 
 GREEDY_COSTS: dict[str, Callable[[TableSpec], float]] = {

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distrec.errors import DistrecError
+from distrec.parallel.placement import greedy_place
 from distrec.planner.cost_models import CostPredictor
 from distrec.planner.heuristics import GREEDY_COSTS
-from distrec.planner.placement import greedy_place
 from distrec.planner.types import BYTES_PER_FLOAT, Chunk, PlanConstraints, TableSpec, can_halve
 
 State = tuple[Chunk, ...]

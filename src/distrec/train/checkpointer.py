@@ -3,7 +3,7 @@
 It is handed the parts (the parallel mode, which holds the model, optimizers and schedulers,
 and the trainer's progress and random generators) and knows none of them: each part gives
 its ``state_dict()``, which go side by side into every rank's state file; the mode adds the
-layout to the metadata. The files and their atomic writing are ``distrec.train.checkpoint``'s.
+layout to the metadata. The files and their atomic writing are ``distrec.components.checkpoint``'s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from distrec.components.checkpoint import CHECKPOINT_DIR, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.errors import DistrecError
 from distrec.parallel.mode import ParallelMode
-from distrec.train.checkpoint import CHECKPOINT_DIR, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.train.rng import capture_rng, restore_rng
 
 

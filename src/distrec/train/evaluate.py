@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from distrec import config as config_mod
+from distrec.components.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
@@ -19,7 +20,6 @@ from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model
 from distrec.modes import saved_by
 from distrec.tables import TableConfig
-from distrec.train.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.train.metrics import click_metrics
 from distrec.train.run import split_rows
 

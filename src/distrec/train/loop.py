@@ -28,6 +28,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from distrec import config as config_mod
+from distrec.components.breakdown import StepTimer
+from distrec.components.checkpoint import BEST_DIR, find_checkpoint
 from distrec.config import MAX_EPOCHS, RunConfig, auto_batch_size, auto_eval_every
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
@@ -39,8 +41,6 @@ from distrec.modes import select_mode
 from distrec.parallel.comm import init_from_env
 from distrec.parallel.mode import RunContext, parallelize
 from distrec.tables import TableConfig
-from distrec.train.breakdown import StepTimer
-from distrec.train.checkpoint import BEST_DIR, find_checkpoint
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
 from distrec.train.early_stopping import BestModel
 from distrec.train.evaluate import default_device, predict

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from distrec.components.breakdown import COMPONENTS
 from distrec.errors import DistrecError
-from distrec.train.breakdown import COMPONENTS
 
 RECORD_KEYS = ("step", "epoch", "split", "rows")  # entries of a metrics record that are not plotted
 

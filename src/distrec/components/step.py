@@ -12,8 +12,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from distrec.allocator import keep_freed_memory
+from distrec.components.breakdown import StepTimer
 from distrec.data.batch import Batch
-from distrec.train.breakdown import StepTimer
 
 
 class TrainStep:

@@ -32,7 +32,6 @@ import torch.distributed as dist
 
 from distrec.errors import DistrecError
 from distrec.io import atomic_directory, publish_directory
-from distrec.parallel.reshard import Block, held_blocks, import_blocks
 
 CHECKPOINT_DIR = "checkpoint"
 BEST_DIR = "best"
@@ -318,19 +317,3 @@ def load_state(checkpoint: Path, rank: int = 0, map_location: Any = None) -> dic
         print(f"distrec: warning: {TRUST_FLAG}: unpickling {str(f)!r}, which runs any code it holds", file=sys.stderr)
         _unpickled.add(f)
     return torch.load(f, map_location=map_location, weights_only=False, mmap=True)
-
-
-def restore_embeddings(checkpoint: Path, meta: dict[str, Any], embeddings: torch.nn.Module, optimizer: Any, rank: int) -> None:
-    """Fill the blocks ``embeddings`` holds on ``rank`` (and ``optimizer``'s row state) from a checkpoint.
-
-    Only the rank files holding overlapping blocks are read (memory-mapped). A checkpoint of
-    local embeddings gives rank r the tables of saved rank r mod (saved world size).
-    """
-    index = meta["blocks"]
-    if meta.get("embeddings") == "local":
-        sources = {rank % int(meta["world_size"])}
-    else:
-        wanted = [h.block for h in held_blocks(embeddings)]
-        sources = {entry["rank"] for entry in index if any(w.overlap(Block(**entry["block"])) for w in wanted)}
-    saved = [b for r in sorted(sources) for b in load_state(checkpoint, r)["blocks"]]
-    import_blocks(embeddings, optimizer, saved)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distrec.components.exchange import ExchangeStats
 from distrec.io import atomic_write_json
-from distrec.parallel.sharded_embedding import ExchangeStats
 
 # The components of one iteration, in the order they happen (the bars are stacked so).
 COMPONENTS = (
