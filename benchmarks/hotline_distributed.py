@@ -236,7 +236,7 @@ class Turns:
     def untimed(self, steps: int) -> None:
         """``steps`` steps, nothing recorded (the breakdown still closes each)."""
         for _ in range(steps):
-            self.trainer.step_fn(next(self.batches), normalizer=self.normalizer)
+            self.trainer.train_step(next(self.batches), normalizer=self.normalizer)
             self.trainer.timer.end_step()
 
     def timed(self, records: StepRecords) -> None:
@@ -245,12 +245,12 @@ class Turns:
         counters = dict(vars(self.training.counters)) if self.training else {}
         threads, tx = thread_cpu_seconds(), self.link.tx()
         started, cpu_started = time.perf_counter(), time.process_time()
-        self.trainer.step_fn(batch, normalizer=self.normalizer)
+        self.trainer.train_step(batch, normalizer=self.normalizer)
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         records.threads.append(cpu_by_thread_kind(threads, thread_cpu_seconds()))
         records.cross_host.append(self.link.tx() - tx)
         self.trainer.timer.end_step()
-        stats = self.trainer.mode.exchange_stats()
+        stats = self.trainer.telemetry.exchange()
         records.seconds.append(seconds)
         records.cpu_seconds.append(cpu_seconds)
         records.exchanged.append(stats.input_bytes + 2 * stats.output_bytes)  # the output exchange's backward sends as much back

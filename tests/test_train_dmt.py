@@ -91,8 +91,8 @@ def _tower_state_by_rank(rank: int, world_size: int, cfg: config.RunConfig, out:
     trainer = Trainer(cfg, out, progress=False)
     trainer.fit()
     batch = next(trainer.dataset.batches(trainer.splits["train"], cfg.train.batch_size, shuffle=False, shard=(rank, world_size)))
-    trainer.step_fn.backward(batch, normalizer=cfg.train.batch_size / world_size)
-    trainer.step_fn.sync_gradients()
+    trainer.train_step.backward(batch, normalizer=cfg.train.batch_size / world_size)
+    trainer.train_step.sync_gradients()
     params = trainer.model.tower_parameters()
     mine = torch.cat([torch.cat([p.detach().flatten(), p.grad.flatten()]) for p in params])
     sizes: list[int] = [0] * world_size

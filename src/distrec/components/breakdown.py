@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from distrec.components.exchange import ExchangeStats
+from distrec.data.batch import Batch
 from distrec.io import atomic_write_json
 
 # The components of one iteration, in the order they happen (the bars are stacked so).
@@ -138,6 +139,17 @@ class StepTimer:
             return allreduce_hook(group, bucket).then(done)
 
         ddp.register_comm_hook(ddp.process_group, timed_allreduce)
+
+    def loading(self, batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
+        """``batches`` moved to ``device``, the wait for each charged to ``data_loading``."""
+        while True:
+            with self.phase("data_loading"):
+                batch = next(batches, None)
+                if batch is not None:
+                    batch = batch.to(device, non_blocking=True)
+            if batch is None:
+                return
+            yield batch
 
     def end_step(self) -> None:
         """Close the current step: split its forward and backward time, start the next."""

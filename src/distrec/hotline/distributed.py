@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch import nn
 
 from distrec.components.breakdown import StepTimer
-from distrec.components.optim import SparseRowOptimizer, make_optimizers
-from distrec.components.schedule import make_schedulers
+from distrec.components.optim import SparseRowOptimizer
+from distrec.components.optimization import Optimization
 from distrec.components.step import TrainStep
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
@@ -74,20 +74,22 @@ class DistributedHotlineTraining:
         total_steps: the run's length in optimizer steps (the default decay length; the
             logger samples no mini-batch after the last re-learning before it).
         timer: charges the parts of each step to components (see ``TrainStep``).
+        optimization: the optimizers and schedules (default: those of ``cfg.train`` over ``total_steps``).
     """
 
-    def __init__(self, model: nn.Module, cfg: RunConfig, total_steps: int, timer: StepTimer | None = None) -> None:
+    def __init__(self, model: nn.Module, cfg: RunConfig, total_steps: int, timer: StepTimer | None = None, optimization: Optimization | None = None) -> None:
         t, h = cfg.train, cfg.hotline
+        optimization = optimization or Optimization.of(t, total_steps)
         row_optimizer = embedding_optimizer(cfg)
         self.model = model
         self.embeddings: ReplicatedHotEmbedding = model.embeddings
         self.rank = dist.get_rank(self.embeddings.group)
-        self.optimizers = make_optimizers(model, t.optimizer, t.lr, embedding_name=row_optimizer, embedding_lr=t.embedding_lr)
+        self.optimizers = optimization.optimizers(model)
         self.sparse_optimizer = next(o for o in self.optimizers if isinstance(o, SparseRowOptimizer))
         # the shards' rows step in the non-popular micro-batch's backward (the only one that
         # reaches them; nothing reads their gradients), as the sharded trainer's do
         self.sparse_optimizer.update_in_backward(only=self.embeddings.cold.weights)
-        self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
+        self.schedulers = optimization.schedulers(self.optimizers)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
         self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim))

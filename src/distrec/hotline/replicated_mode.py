@@ -8,10 +8,11 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from distrec.config import RunConfig
+from distrec.components.optimization import Optimization
 from distrec.hotline.distributed import DistributedHotlineTraining, replicated_hot_embeddings
 from distrec.models.base import RecommendationModel
-from distrec.parallel.mode import RunContext, TrainingStep
+from distrec.parallel.block_mode import BlockFormat
+from distrec.parallel.mode import CheckpointFormat, Telemetry, TrainingStep
 from distrec.parallel.parallelize import resolve_plan
 from distrec.parallel.reshard import export_blocks
 from distrec.parallel.sharded import Sharded
@@ -23,18 +24,12 @@ class ReplicatedHotline(Sharded):
     all-reduced together (no DDP). Trains exactly what the sharded trainer trains.
 
     Checkpoints are ordinary sharded ones (hot rows written back into their shards) plus the
-    hot set, so they reshard like any other.
+    hot set (``HotBlockFormat``), so they reshard like any other.
     """
 
     name = "hotline-replicated"
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.training: DistributedHotlineTraining | None = None
-
-    @classmethod
-    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return cfg.hotline.enabled and world_size > 1
+    training: DistributedHotlineTraining
 
     def shard_embeddings(self, model: RecommendationModel) -> None:
         self.plan = resolve_plan(self.ctx.tables, self.ctx.cfg.parallel, self.ctx.world_size)
@@ -43,16 +38,18 @@ class ReplicatedHotline(Sharded):
     def wrap_dense(self, model: RecommendationModel) -> nn.Module:
         return model  # dense gradients are all-reduced with the hot rows' (ReplicatedHotEmbedding.sync_gradients)
 
-    def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
-        self.training = DistributedHotlineTraining(model, self.ctx.cfg, self.ctx.total_steps, self.ctx.timer)
+    def make_step(self, model: RecommendationModel, module: nn.Module, optimization: Optimization) -> TrainingStep:
+        self.training = DistributedHotlineTraining(model, self.ctx.cfg, self.ctx.total_steps, self.ctx.timer, optimization)
         return self.training
 
-    def training_extra(self) -> dict[str, float]:
-        return self.training.counters.fractions()
+    def telemetry(self) -> list[Telemetry]:
+        h, counters = self.ctx.cfg.hotline, self.training.counters
 
-    def summary_extra(self) -> dict[str, Any]:
-        self.training.counters.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
-        return {"hotline": self.training.stats()}
+        def summary() -> dict[str, Any]:
+            counters.warn_if_never_hot(h.relearn_every, h.sample_rate)
+            return {"hotline": self.training.stats()}
+
+        return [Telemetry(exchange=lambda: self.model.embeddings.stats, training=counters.fractions, summary=summary)]
 
     def block_module(self) -> nn.Module:
         return self.model.embeddings.cold
@@ -61,17 +58,24 @@ class ReplicatedHotline(Sharded):
         with self.training.rows_in_shards():  # copied: the hot rows leave the shards again
             return export_blocks(self.block_module(), sparse, include_replicas=self.ctx.rank == 0, copy=True)
 
+    def checkpoint_format(self) -> CheckpointFormat:
+        return HotBlockFormat(self)
+
+    def close(self) -> None:
+        if hasattr(self, "training"):
+            self.training.close()
+
+
+class HotBlockFormat(BlockFormat):
+    """The block layout (restored as any block checkpoint is) plus ``hotline``: the hot set and
+    the pipeline's counters."""
+
+    tag = "hotline-replicated"
+    mode: ReplicatedHotline
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "hotline": self.training.state_dict()}
+        return {**super().state_dict(), "hotline": self.mode.training.state_dict()}
 
     def load_state_dict(self, own: dict[str, Any], checkpoint: Path, meta: dict[str, Any]) -> None:
         super().load_state_dict(own, checkpoint, meta)
-        self.training.load_state_dict(own["hotline"])
-
-    @classmethod
-    def wrote(cls, own: dict[str, Any], meta: dict[str, Any]) -> bool:
-        return "dense" in own and "hotline" in own
-
-    def close(self) -> None:
-        if self.training is not None:
-            self.training.close()
+        self.mode.training.load_state_dict(own["hotline"])

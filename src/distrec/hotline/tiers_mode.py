@@ -7,11 +7,11 @@ from typing import Any
 
 from torch import nn
 
-from distrec.config import RunConfig
+from distrec.components.optimization import Optimization
 from distrec.errors import DistrecError
 from distrec.hotline.training import HotlineTraining, load_into_model
 from distrec.models.base import RecommendationModel
-from distrec.parallel.mode import ParallelMode, RunContext, TrainingStep
+from distrec.parallel.mode import CheckpointFormat, ModelLayout, ParallelMode, Telemetry, TrainingStep
 from distrec.tables import TableConfig, stand_in_tables
 
 
@@ -20,49 +20,66 @@ class HotlineTiers(ParallelMode):
     a memory-mapped file, or device and host memory), the popular micro-batch runs from the
     fast tier while the other's cold rows are gathered; gradients equal ordinary training's.
 
-    Checkpoints hold the small state in the rank file and the rows (maybe larger than RAM)
-    as files beside it (``HotlineTraining.save``).
+    The tiers, their row optimizer and the micro-batch pipeline are made together with the
+    step (``HotlineTraining``). Checkpoints (``TiersFormat``) hold the small state in the
+    rank file and the rows (maybe larger than RAM) as files beside it.
     """
 
     name = "hotline"
     embeddings = "single"
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.training: HotlineTraining | None = None
+    training: HotlineTraining
 
-    @classmethod
-    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return cfg.hotline.enabled and world_size == 1
+    def model_layout(self) -> ModelLayout:
+        return ModelLayout(stand_in_tables(self.ctx.tables))  # the tiers make the real rows, maybe larger than RAM
 
-    def model_tables(self) -> list[TableConfig]:
-        return stand_in_tables(self.ctx.tables)  # the tiers make the real rows, maybe larger than RAM
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        """Nothing yet: the tiers replace the stand-in tables when the step is made."""
 
-    def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
+    def make_step(self, model: RecommendationModel, module: nn.Module, optimization: Optimization) -> TrainingStep:
         c = self.ctx
-        self.training = HotlineTraining(model, c.cfg, c.total_steps, c.run_dir, c.tables, c.progress, c.timer)
+        self.training = HotlineTraining(model, c.cfg, c.total_steps, c.run_dir, c.tables, c.show_progress, c.timer, optimization)
         return self.training
 
-    def training_extra(self) -> dict[str, float]:
-        return self.training.pipeline.stats.fractions()
+    def telemetry(self) -> list[Telemetry]:
+        h = self.ctx.cfg.hotline
+        stats = self.training.pipeline.stats
 
-    def summary_extra(self) -> dict[str, Any]:
-        self.training.pipeline.stats.warn_if_never_hot(self.ctx.cfg.hotline.relearn_every, self.ctx.cfg.hotline.sample_rate)
-        return {"hotline": self.training.stats()}
+        def summary() -> dict[str, Any]:
+            stats.warn_if_never_hot(h.relearn_every, h.sample_rate)
+            return {"hotline": self.training.stats()}
+
+        return [Telemetry(training=stats.fractions, summary=summary)]
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        return TiersFormat(self.training)
+
+    def close(self) -> None:
+        if hasattr(self, "training"):
+            self.training.close()
+
+
+class TiersFormat(CheckpointFormat):
+    """Hotline's one-process checkpoint: ``hotline`` (dense model, optimizers, schedules,
+    pipeline counters) in the rank file, the tiers' rows as files (``HotlineTraining.save``)."""
+
+    tag = "hotline-tiers"
+
+    def __init__(self, training: HotlineTraining) -> None:
+        self.training = training
 
     def state_dict(self) -> dict[str, Any]:
-        return {"hotline": self.training.state_dict(), "blocks": []}
+        return {"hotline": self.training.state_dict()}
 
     def load_state_dict(self, own: dict[str, Any], checkpoint: Path, meta: dict[str, Any]) -> None:
         self.training.load_state_dict(own["hotline"])
         self.training.load(checkpoint)
 
+    def meta(self) -> dict[str, Any]:
+        return {"embeddings": HotlineTiers.embeddings, "plan": None}
+
     def write_files(self, directory: Path) -> None:
         self.training.save(directory)
-
-    @classmethod
-    def wrote(cls, own: dict[str, Any], meta: dict[str, Any]) -> bool:
-        return "dense" not in own
 
     @classmethod
     def restored_tables(cls, tables: list[TableConfig]) -> list[TableConfig]:
@@ -73,7 +90,3 @@ class HotlineTiers(ParallelMode):
         if "hotline" not in own:
             raise DistrecError(f"checkpoint {str(checkpoint)!r} holds no model state; it is damaged, use another run's checkpoint")
         load_into_model(model, checkpoint, own["hotline"], [TableConfig.from_dict(t) for t in meta["tables"]])
-
-    def close(self) -> None:
-        if self.training is not None:
-            self.training.close()

@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from distrec.components.breakdown import StepTimer
-from distrec.components.optim import make_optimizers
-from distrec.components.schedule import make_schedulers
+from distrec.components.optimization import Optimization
 from distrec.components.step import TrainStep
 from distrec.config import RunConfig, embedding_optimizer
 from distrec.data.batch import Batch
@@ -86,6 +85,7 @@ class HotlineTraining:
             starts from, instead of copied from the model.
         progress: show progress bars while initialising, saving and loading rows.
         timer: charges the parts of each step to components (see ``TrainStep``).
+        optimization: the optimizers and schedules (default: those of ``cfg.train`` over ``total_steps``).
 
     Example:
         >>> model = build_model(cfg.model, 13, tables)
@@ -104,8 +104,10 @@ class HotlineTraining:
         tables: list[TableConfig] | None = None,
         progress: bool = False,
         timer: StepTimer | None = None,
+        optimization: Optimization | None = None,
     ) -> None:
         t, h = cfg.train, cfg.hotline
+        optimization = optimization or Optimization.of(t, total_steps)
         self.model = model
         self.progress = progress
         row_optimizer = embedding_optimizer(cfg)
@@ -119,9 +121,8 @@ class HotlineTraining:
             self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=init, **tier_kwargs)
         model.embeddings = self.embeddings
         try:
-            embedding_lr = t.embedding_lr if t.embedding_lr is not None else t.lr
-            self.optimizers = [*make_optimizers(model, t.optimizer, t.lr), TieredRowOptimizer(self.embeddings, lr=embedding_lr)]
-            self.schedulers = make_schedulers(self.optimizers, t.warmup_steps, t.decay, t.decay_start_step, t.decay_steps or total_steps)
+            self.optimizers = [*optimization.optimizers(model), TieredRowOptimizer(self.embeddings, lr=optimization.embedding_lr)]
+            self.schedulers = optimization.schedulers(self.optimizers)
             self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer)
             self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
             total_rows = self.embeddings.space.total_rows

@@ -92,6 +92,16 @@ def differentiable_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup
     return _ReduceScatter.apply(tensor, group, grad_scale)
 
 
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The mean of a 0-dim ``value`` over the ranks of the default group (a collective when
+    there is one), as a Python float."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value)
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that nobody listens on right now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:

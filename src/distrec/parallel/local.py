@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from distrec.config import RunConfig
+from distrec.models.base import RecommendationModel
 from distrec.parallel.block_mode import BlockMode
+from distrec.parallel.mode import Telemetry
 from distrec.parallel.parallelize import embedding_divergence
 
 
@@ -14,9 +15,9 @@ class LocalEmbeddings(BlockMode):
     name = "local"
     embeddings = "local"
 
-    @classmethod
-    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return world_size > 1 and cfg.parallel.embeddings == "local"
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        """Nothing to shard: every rank keeps the whole tables it built."""
 
-    def evaluation_extra(self) -> dict[str, float]:
-        return {"embedding_divergence": embedding_divergence(self.model.embeddings)}
+    def telemetry(self) -> list[Telemetry]:
+        divergence = Telemetry(evaluation=lambda: {"embedding_divergence": embedding_divergence(self.model.embeddings)})
+        return [divergence, *super().telemetry()]

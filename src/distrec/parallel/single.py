@@ -6,8 +6,10 @@ import logging
 from collections.abc import Callable
 
 from distrec.config import ParallelConfig, RunConfig
+from distrec.models.base import RecommendationModel
 from distrec.parallel.block_mode import BlockMode
-from distrec.parallel.mode import RunContext
+from distrec.parallel.mode import Axis, ModelLayout, RunContext
+from distrec.parallel.spec import ParallelSpec
 from distrec.tables import TableConfig
 from distrec.tower_partition import resolve_towers
 
@@ -33,8 +35,8 @@ class SingleProcess(BlockMode):
     name = "single"
     embeddings = "single"
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: RunContext, spec: ParallelSpec, axes: list[Axis] | None = None) -> None:
+        super().__init__(ctx, spec, axes)
         p = ctx.cfg.parallel
         ignored = [flag for flag, given in MULTI_PROCESS_SETTINGS.items() if given(p)]
         if ignored:
@@ -43,13 +45,12 @@ class SingleProcess(BlockMode):
         self._towers = resolve_towers(names, p.towers, p.tower_count) if ctx.cfg.model.tower_module is not None else None
 
     @classmethod
-    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return world_size == 1
-
-    @classmethod
     def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
         if cfg.model.tower_module is not None:
             resolve_towers([t.name for t in tables], cfg.parallel.towers, cfg.parallel.tower_count)
 
-    def towers(self) -> list[list[int]] | None:
-        return self._towers
+    def model_layout(self) -> ModelLayout:
+        return ModelLayout(self.ctx.tables, self._towers)
+
+    def shard_embeddings(self, model: RecommendationModel) -> None:
+        """Nothing to shard: the one process holds the whole tables."""

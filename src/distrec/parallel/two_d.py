@@ -7,9 +7,12 @@ when S is a multiple of the ranks per host). Each group holds every table, shard
 S ranks by a plan for S ranks, and its all-to-all spans only those S ranks; rank s of every
 group holds the same shards, and those G ranks form a *replica set* that keeps them
 consistent. Dense layers stay data-parallel over all N ranks. Within a group the tables are
-placed by a plan (``TwoD``, the flat all-to-all) or, with ``--lookup sptt``, by DMT's towers
-over the group's hosts and exchanged by SPTT, with or without tower modules (``TwoDSptt``,
-``TwoDSpttTowers``).
+placed by a plan (the flat all-to-all) or, with ``--lookup sptt``, by DMT's towers over
+the group's hosts and exchanged by SPTT, with or without tower modules: whatever the
+placement, :class:`ReplicaGroups` is the one component of this axis, and the placement reads
+the ranks to shard over from its ``sharding_env`` (as TorchRec's sharders read
+``ShardingEnv2D``). The ranks form a ``DeviceMesh`` of G x S: its ``shard`` dimension gives
+the groups, its ``replica`` dimension the replica sets.
 
 Keeping the replicas consistent (``parallel.replica_sync``):
 
@@ -37,13 +40,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim import Optimizer
+from torch.distributed.device_mesh import DeviceMesh
 
 from distrec.components.optim import gradient_rows
 from distrec.config import RunConfig, embedding_optimizer
@@ -51,15 +53,11 @@ from distrec.data.batch import Batch
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import RowUpdate, row_update_in_backward, update_rows_in_backward
 from distrec.parallel.block_mode import BlockMode
-from distrec.parallel.mode import RunContext, TrainingStep
-from distrec.parallel.parallelize import resolve_plan
+from distrec.parallel.mode import Axis, GradientSync, ParallelMode, RunContext, ShardingEnv, Telemetry, TrainingStep
 from distrec.parallel.reshard import held_blocks
-from distrec.parallel.sharded import Sharded
-from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 from distrec.parallel.sparse_grads import all_gather_rows, average_sparse_grads
-from distrec.parallel.sptt_mode import Sptt, SpttTowers
+from distrec.parallel.spec import ParallelSpec
 from distrec.sim.components import ReplicaAverage
-from distrec.tables import TableConfig
 
 SCALE_FREE_OPTIMIZERS = ("adagrad", "adam")
 """Embedding optimizers whose row step is about the same for a gradient and its multiples."""
@@ -185,71 +183,63 @@ class PeriodicReplicaSync:
         return loss
 
 
-class ReplicaGroups(BlockMode):
-    """2D sparse parallelism over a mode that shards the tables within one replica group
-    (see the module doc): ``parallel.replica_groups`` G > 1.
+class ReplicaGroups(Axis):
+    """2D sparse parallelism (see the module doc): ``parallel.replica_groups`` G > 1.
 
-    Put before that mode in the bases (``class TwoD(ReplicaGroups, Sharded)``): the mode
-    builds this rank's group's embedding module in ``shard_within_group``; this class adds
-    the replica sets and keeps the replicas consistent. Tower modules (DMT) are dense: their
-    gradients are averaged over the replica sets every step, whatever ``replica_sync``.
+    The placement shards its tables within this rank's group (``sharding_env``); this axis
+    adds the replica sets and keeps the replicas consistent. Tower modules (DMT) are dense:
+    their gradients are averaged over the replica sets every step, whatever ``replica_sync``.
     """
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: RunContext, spec: ParallelSpec) -> None:
         p = ctx.cfg.parallel
-        self.groups, self.group_size = p.replica_groups, ctx.world_size // p.replica_groups
+        self.ctx, self.spec = ctx, spec
+        self.groups, self.group_size = spec.replica_groups, spec.group_size
         self.group_index = ctx.rank // self.group_size
-        self.replica_set: dist.ProcessGroup | None = None
+        self.exact = p.replica_sync == "exact"
+        self.sync_every = p.sync_every
+        # every rank creates every group, in the same order (torch.distributed's rule)
+        shard_groups, _ = replica_layout(ctx.world_size, self.groups)  # the mesh's rows; its columns are the replica sets
+        mesh = DeviceMesh(ctx.device.type, torch.tensor(shard_groups), mesh_dim_names=("replica", "shard"))
+        self.shard_group = mesh.get_group("shard")
+        self.replica_set = mesh.get_group("replica")
         self.sync_bytes = 0  # sent by this rank's replica syncs so far
         self.average = replica_average(ctx.cfg)
         self.touches = TouchLog()
+        self.mode: BlockMode | None = None
+        self.periodic: PeriodicReplicaSync | None = None
         self._syncs_rows = True  # whether the gradient sync reads row gradients (gradient_sync says)
         self._unwatched: list[nn.Parameter] = []  # with touched merges: the parameters whose rows mark_touched logs
 
-    @classmethod
-    def accepts(cls, cfg: RunConfig, world_size: int) -> bool:
-        return cfg.parallel.replica_groups > 1 and super().accepts(cfg, world_size)
-
-    def shard_embeddings(self, model: RecommendationModel) -> None:
-        self.shard_within_group(model)
-        # every rank creates every group, in the same order (torch.distributed's rule)
-        _, replica_sets = replica_layout(self.ctx.world_size, self.groups)
-        self.replica_set = [dist.new_group(ranks) for ranks in replica_sets][self.ctx.rank % self.group_size]
-
-    def shard_within_group(self, model: RecommendationModel) -> None:
-        """Replace ``model.embeddings`` by this rank's share of its replica group's tables."""
-        super().shard_embeddings(model)
+    def sharding_env(self, env: ShardingEnv) -> ShardingEnv:
+        return ShardingEnv(self.shard_group, self.group_size, self.ctx.rank % self.group_size)
 
     def _replicated(self, embeddings: nn.Module | None = None) -> list[nn.Parameter]:
         """This rank's table parameters that its replica set holds alike (shards, then replicas),
-        in ``embeddings`` (default: ``block_module()``)."""
-        held = held_blocks(self.block_module() if embeddings is None else embeddings)
+        in ``embeddings`` (default: the mode's ``block_module()``)."""
+        held = held_blocks(self.mode.block_module() if embeddings is None else embeddings)
         return list({id(h.param): h.param for h in held}.values())
 
-    def gradient_sync(self, model: RecommendationModel) -> Callable[[], None] | None:
-        in_group = super().gradient_sync(model)
-        exact = self.ctx.cfg.parallel.replica_sync == "exact"
+    def gradient_sync(self, mode: ParallelMode, model: RecommendationModel, inner: GradientSync | None) -> GradientSync | None:
+        assert isinstance(mode, BlockMode), "replica groups hold tables as blocks"
+        self.mode = mode
         towers = model.tower_parameters()
-        marks = not exact and self.average == "touched"
-        self._syncs_rows = in_group is not None or exact or bool(towers)
+        marks = not self.exact and self.average == "touched"
+        # only the in-group sync, exact sync and tower averaging read row gradients; a touched
+        # merge's log takes the rows of parameters stepped in backward from their updates
+        self._syncs_rows = inner is not None or self.exact or bool(towers)
         if not self._syncs_rows and not marks:
-            return in_group
+            return inner
 
         def sync() -> None:
-            if in_group is not None:
-                in_group()
+            if inner is not None:
+                inner.run()
             if marks:
                 self.mark_touched()
-            if exact or towers:
-                self._charged(lambda: self.average_grads(towers, exact))
+            if self.exact or towers:
+                self._charged(lambda: self.average_grads(towers, self.exact))
 
-        return sync
-
-    def reads_row_gradients(self, sync: Callable[[], None] | None) -> bool:
-        """Only the in-group sync, exact sync and tower averaging do; a touched merge's log takes
-        the rows of parameters stepped in backward from their updates (``TouchLog.watch_updates``)."""
-        return self._syncs_rows
+        return GradientSync(sync, reads_row_gradients=self._syncs_rows)
 
     def mark_touched(self) -> None:
         """Count a step for the next periodic sync, and log the rows this step's gradients touch
@@ -273,13 +263,13 @@ class ReplicaGroups(BlockMode):
             sent += average_sparse_grads(self._replicated(), self.replica_set)
         return sent
 
-    def make_step(self, model: RecommendationModel, module: nn.Module) -> TrainingStep:
-        step = super().make_step(model, module)
-        if self.ctx.cfg.parallel.replica_sync == "exact":
+    def wrap_step(self, step: TrainingStep) -> TrainingStep:
+        if self.exact:
             return step
         if self.average == "touched":
-            self._unwatched = self.touches.watch_updates(self._replicated(model.embeddings))
-        return PeriodicReplicaSync(step, self.ctx.cfg.parallel.sync_every, lambda: self._charged(self.average_replicas))
+            self._unwatched = self.touches.watch_updates(self._replicated(self.mode.model.embeddings))
+        self.periodic = PeriodicReplicaSync(step, self.sync_every, lambda: self._charged(self.average_replicas))
+        return self.periodic
 
     def _charged(self, sync: Callable[[], int]) -> None:
         """Run a replica sync of a training step, its time and bytes charged to the breakdown's ``replica_sync``."""
@@ -293,7 +283,7 @@ class ReplicaGroups(BlockMode):
         """Average every replica set's table weights and row-wise optimizer state over all groups
         or, with ``touched`` averaging, row by row over the groups that updated the row (a
         collective); the bytes this rank sent."""
-        sparse = self._optimizers()[0]
+        sparse = self.mode.optimizers()[0]
         sent = 0
         for p in self._replicated():
             state = sparse.state.get(p, {}) if sparse is not None else {}
@@ -309,62 +299,30 @@ class ReplicaGroups(BlockMode):
         return sent
 
     # --- checkpoints ---------------------------------------------------------------------
-    def export_table_blocks(self, sparse: Optimizer | None) -> list[dict[str, Any]]:
-        if self.group_index != 0:
-            return []  # one copy of every table: group 0's
-        return super().export_table_blocks(sparse)
+    def exports_blocks(self) -> bool:
+        return self.group_index == 0  # one copy of every table: group 0's
+
+    def before_save(self) -> None:
+        if self.periodic is not None:
+            self.sync_bytes += self.average_replicas()
 
     def state_dict(self) -> dict[str, Any]:
-        if isinstance(self.step, PeriodicReplicaSync):
-            self.sync_bytes += self.average_replicas()
-        state = super().state_dict()
-        if isinstance(self.step, PeriodicReplicaSync):
-            state["replica_sync_steps"] = self.step.steps
-        return state
+        return {"replica_sync_steps": self.periodic.steps} if self.periodic is not None else {}
 
-    def load_state_dict(self, own: dict[str, Any], checkpoint: Path, meta: dict[str, Any]) -> None:
-        super().load_state_dict(own, checkpoint, meta)
-        if isinstance(self.step, PeriodicReplicaSync):
-            self.step.steps = int(own.get("replica_sync_steps", 0))
+    def load_state_dict(self, own: dict[str, Any]) -> None:
+        if self.periodic is not None:
+            self.periodic.steps = int(own.get("replica_sync_steps", 0))
 
-    def checkpoint_meta(self) -> dict[str, Any]:
-        return {**super().checkpoint_meta(), "replica_groups": self.groups}
+    def meta(self) -> dict[str, Any]:
+        return {"replica_groups": self.groups}
 
-    def summary_extra(self) -> dict[str, Any]:
+    def telemetry(self) -> Telemetry:
+        return Telemetry(summary=self._summary)
+
+    def _summary(self) -> dict[str, Any]:
         return {
-            **super().summary_extra(),
             "replica_groups": self.groups,
-            "replica_sync": self.ctx.cfg.parallel.replica_sync,
+            "replica_sync": "exact" if self.exact else "periodic",
             "replica_sync_bytes": self.sync_bytes,
-            **({"replica_average": self.average} if self.ctx.cfg.parallel.replica_sync == "periodic" else {}),
+            **({} if self.exact else {"replica_average": self.average}),
         }
-
-
-class TwoD(ReplicaGroups, Sharded):
-    """2D sparse parallelism with a plan for S = N / G ranks within each group (the flat all-to-all)."""
-
-    name = "2d"
-
-    @classmethod
-    def check(cls, cfg: RunConfig, world_size: int, tables: list[TableConfig]) -> None:
-        resolve_plan(tables, cfg.parallel, world_size // cfg.parallel.replica_groups)
-
-    def shard_within_group(self, model: RecommendationModel) -> None:
-        shard_groups, _ = replica_layout(self.ctx.world_size, self.groups)
-        shard_group = [dist.new_group(ranks) for ranks in shard_groups][self.group_index]
-        tables = self.ctx.tables
-        self.plan = resolve_plan(tables, self.ctx.cfg.parallel, self.group_size)
-        initializer = model.embeddings.initializer.for_tables(tables)
-        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, shard_group, self.ctx.device)
-
-
-class TwoDSptt(ReplicaGroups, Sptt):
-    """2D sparse parallelism with DMT's SPTT inside each group of ``hosts / G`` hosts."""
-
-    name = "2d-sptt"
-
-
-class TwoDSpttTowers(ReplicaGroups, SpttTowers):
-    """2D sparse parallelism with DMT's SPTT and tower modules inside each group of ``hosts / G`` hosts."""
-
-    name = "2d-sptt-towers"

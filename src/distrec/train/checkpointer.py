@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from distrec.components.checkpoint import CHECKPOINT_DIR, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.errors import DistrecError
-from distrec.parallel.mode import ParallelMode
+from distrec.modes import format_tag
+from distrec.parallel.mode import CheckpointFormat, ParallelMode
 from distrec.train.rng import capture_rng, restore_rng
 
 
@@ -57,26 +58,30 @@ class Checkpointer:
 
     Args:
         run_dir: the run directory.
-        mode: the run's parallel mode (after ``parallelize``).
-        parts: name -> part; each name is a key of the state files.
+        mode: the run's parallel mode (after ``parallelize``): its ranks and layout.
+        checkpoint_format: the mode's checkpoint part (``Parallelized.checkpoint``).
+        parts: name -> the trainer's parts; each name is a key of the state files.
         run_meta: the run's entries of the metadata (step, config, tables, ...).
     """
 
-    def __init__(self, run_dir: Path, mode: ParallelMode, parts: dict[str, Stateful], run_meta: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, run_dir: Path, mode: ParallelMode, checkpoint_format: CheckpointFormat, parts: dict[str, Stateful], run_meta: Callable[[], dict[str, Any]]
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.mode = mode
+        self.format = checkpoint_format
         self.parts = parts
         self.run_meta = run_meta
 
     def save(self, name: str = CHECKPOINT_DIR) -> None:
         """Write the checkpoint run_dir/``name`` (every rank writes its own state file)."""
-        state = {**self.mode.state_dict(), **{key: part.state_dict() for key, part in self.parts.items()}}
-        index = [b["block"] for b in state["blocks"]]
-        meta = {**self.run_meta(), **self.mode.checkpoint_meta()}
+        state = {**self.format.state_dict(), **{key: part.state_dict() for key, part in self.parts.items()}}
+        index = [b["block"] for b in state.get("blocks", [])]
+        meta = {**self.run_meta(), **self.format.meta(), "format": self.format.tag}
         ctx = self.mode.ctx
         if ctx.world_size == 1:
             meta["blocks"] = [{"rank": 0, "block": b} for b in index]
-            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.mode.write_files, name=name)
+            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.format.write_files, name=name)
             return
         every: list[list[dict]] = [None] * ctx.world_size  # type: ignore[list-item]
         dist.all_gather_object(every, index)
@@ -102,10 +107,10 @@ class Checkpointer:
         meta = read_meta(checkpoint)
         saved_world = int(meta.get("world_size", 1))
         own = load_state(checkpoint, ctx.rank if ctx.rank < saved_world else 0, map_location=ctx.device)
-        if not type(self.mode).wrote(own, meta):
+        if format_tag(own, meta) != self.format.tag:
             raise DistrecError(
                 f"checkpoint {str(checkpoint)!r} was saved by another kind of run than this one ({self.mode.name}); "
                 "resume it with the config and process count it was saved with"
             )
-        self.mode.load_state_dict(own, checkpoint, meta)
+        self.format.load_state_dict(own, checkpoint, meta)
         return own, meta

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from distrec import config as config_mod
 from distrec.components.checkpoint import find_checkpoint, load_state, read_meta
@@ -18,7 +19,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model
-from distrec.modes import saved_by
+from distrec.modes import saved_format
 from distrec.tables import TableConfig
 from distrec.train.metrics import click_metrics
 from distrec.train.run import split_rows
@@ -47,6 +48,19 @@ def predict(model: torch.nn.Module, batches: Iterator[Batch], device: torch.devi
     return np.concatenate(labels), np.concatenate(probs)
 
 
+def evaluate_sharded(
+    module: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_size: int, device: torch.device, rank: int, world_size: int
+) -> dict[str, float]:
+    """Click metrics of ``rows``, each of ``world_size`` ranks predicting its slice of every
+    batch through ``module`` (a collective when ``world_size`` > 1)."""
+    labels, probs = predict(module, dataset.batches(rows, batch_size, shuffle=False, shard=(rank, world_size)), device)
+    if world_size > 1:
+        parts: list[tuple[np.ndarray, np.ndarray]] = [None] * world_size  # type: ignore[list-item]
+        dist.all_gather_object(parts, (labels, probs))
+        labels, probs = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return click_metrics(labels, probs)
+
+
 def evaluate(model: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_size: int, device: torch.device) -> dict[str, float]:
     """Click metrics of ``model`` on the given rows of ``dataset`` (one process)."""
     labels, probs = predict(model, dataset.batches(rows, batch_size, shuffle=False), device)
@@ -73,7 +87,7 @@ def load_trained_model(
         index = {t.name: i for i, t in enumerate(tables)}
         towers = [[index[name] for name in tower] for tower in meta["towers"]["features"]]
     own = load_state(ckpt, 0, map_location=device)
-    writer = saved_by(ckpt, own, meta)
+    writer = saved_format(ckpt, own, meta)
     model = build_model(cfg.model, meta["num_dense"], writer.restored_tables(tables), device=device, towers=towers)
     writer.restore_model(model, ckpt, own, meta)
     return model, cfg, tables, {**meta, "checkpoint": str(ckpt)}

@@ -4,6 +4,7 @@ before launch, resuming."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 from pathlib import Path
@@ -14,13 +15,16 @@ import torch
 import torch.distributed as dist
 
 from distrec import config as config_mod
-from distrec.config import RunConfig
+from distrec.config import DataConfig, RunConfig
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
+from distrec.io import atomic_write_json, read_json
 from distrec.modes import check_mode
+from distrec.parallel.plan import ShardingPlan
 from distrec.train.tensorboard import TensorBoardSink
 
 CONFIG_FILE = "config.yaml"
+RESOLVED_FILE = "resolved.json"  # what the trainer chose where the config left it open (``distrec.train.length``)
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 BREAKDOWN_FILE = "breakdown.json"
@@ -61,6 +65,14 @@ class MetricsLog:
             self.tensorboard.close()
 
 
+def write_settings(run_dir: Path, cfg: RunConfig, resolved: dict[str, Any], plan: ShardingPlan | None) -> None:
+    """Write the run's config as given, what the trainer resolved and the sharding plan (if any)."""
+    config_mod.save(cfg, run_dir / CONFIG_FILE)
+    atomic_write_json(run_dir / RESOLVED_FILE, resolved)
+    if plan is not None:
+        plan.save(run_dir / PLAN_FILE)
+
+
 def peak_rss_per_rank(distributed: bool) -> list[int]:
     """Peak resident memory (bytes) of every rank's process so far (a collective when distributed)."""
     mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
@@ -85,6 +97,18 @@ def split_rows(dataset: Dataset, cfg: RunConfig) -> dict[str, np.ndarray]:
     return splits
 
 
+def prepare_per_host(data: DataConfig, rank: int, distributed: bool, progress: bool) -> Path:
+    """Parse the data into the cache once per host (local rank 0 first, then the others read
+    it; a collective when ``distributed``); the cache's path."""
+    first_on_host = int(os.environ.get("LOCAL_RANK", rank)) == 0
+    if distributed and not first_on_host:
+        dist.barrier()
+    cache = prepare(data, progress=progress and rank == 0)
+    if distributed and first_on_host:
+        dist.barrier()
+    return cache
+
+
 def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
     """Fail early, before workers start: parse the data into the cache, pick the parallel mode
     and let it check the tables (plan, topology, towers).
@@ -99,7 +123,8 @@ def check_run(cfg: RunConfig, world_size: int, progress: bool = True) -> None:
 
 def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval_every: int | None, parallel: dict[str, str] | None = None) -> RunConfig:
     """The saved config of ``run_dir`` with a raised training length (and, to reshard, new
-    ``parallel`` fields such as ``plan`` or ``sharding``)."""
+    ``parallel`` fields such as ``plan`` or ``sharding``). The batch size and evaluation
+    interval the run chose itself (``RESOLVED_FILE``) stay those of the resumed run."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise DistrecError(f"cannot resume {str(run_dir)!r}: {CONFIG_FILE} not found; pass the --out directory of an earlier run")
@@ -111,6 +136,19 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
     if eval_every is not None:
         overrides.append(f"train.eval_every={eval_every}")
     cfg = config_mod.load(path, overrides)
+    resolved = Path(run_dir) / RESOLVED_FILE
+    if resolved.is_file():
+        chosen: Any = read_json(resolved, "resolved run settings", "resume a run directory written by 'distrec train'", "retrain the run")
+        try:
+            batch_size, every = int(chosen["batch_size"]), int(chosen["eval_every"])
+        except (TypeError, KeyError, ValueError):
+            raise DistrecError(
+                f"{str(resolved)!r} lacks the run's batch_size or eval_every; retrain the run, or delete the file to choose them again"
+            ) from None
+        if cfg.train.batch_size is None:
+            cfg.train.batch_size = batch_size
+        if cfg.train.eval_every == 0 and eval_every is None:
+            cfg.train.eval_every = every
     parallel = parallel or {}
     if "plan" in parallel or "sharding" in parallel:  # a new plan replaces the saved one
         cfg.parallel.plan = cfg.parallel.sharding = None

@@ -1,0 +1,67 @@
+"""Summary: what a finished run reports (``summary.json``), and the breakdown's description."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from distrec.components.breakdown import StepTimer
+from distrec.parallel.plan import ShardingPlan
+
+METRICS = ("auc", "logloss", "accuracy", "ne")
+"""The click metrics every evaluation reports (``distrec.train.metrics``)."""
+
+
+@dataclass
+class Summary:
+    """The run's final model and speed, as ``summary.json`` holds them (``to_dict``)."""
+
+    metrics: dict[str, float]
+    """The reported model's validation metrics (``METRICS``, ``rows`` and the mode's extras)."""
+    steps: int
+    epochs: float
+    samples_per_s: float
+    train_rows: int
+    world_size: int
+    embeddings: str
+    all_to_all_bytes: int
+    """Sent by this rank's embedding exchanges in this invocation's training steps."""
+    peak_rss_bytes_per_rank: list[int]
+    stopping: dict[str, Any]
+    """Why training stopped and, without a fixed length, which step's model is reported."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The parallel mode's entries (``Telemetry.summary``)."""
+    test: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        summary = {
+            **{k: self.metrics.get(k, math.nan) for k in METRICS},
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "samples_per_s": self.samples_per_s,
+            "train_rows": self.train_rows,
+            "val_rows": int(self.metrics.get("rows", 0)),
+            "world_size": self.world_size,
+            "embeddings": self.embeddings,
+            "all_to_all_bytes": self.all_to_all_bytes,
+            "peak_rss_bytes_per_rank": self.peak_rss_bytes_per_rank,
+            **{k: v for k, v in self.metrics.items() if k not in (*METRICS, "rows")},  # the mode's evaluation extras
+            **self.extra,
+            **self.stopping,
+        }
+        if self.test:
+            summary["test"] = self.test
+        return summary
+
+
+def breakdown_description(world_size: int, embeddings: str, plan: ShardingPlan | None, batch_size: int, timer: StepTimer, dense_bytes: int) -> dict[str, Any]:
+    """What a run's breakdown describes, and the bytes this rank's collectives sent per step
+    (``dense_bytes``: the dense gradients' all-reduce, for a mode that did not charge its own)."""
+    label = f"{world_size}p {embeddings}"
+    if plan is not None:
+        label += " " + "+".join(sorted({p.sharding for p in plan.tables}))
+    sent = timer.bytes_per_step()
+    if not sent["gradient_all_reduce"]:  # a mode that reduces its own gradients (Hotline) charged its real bytes
+        sent["gradient_all_reduce"] = dense_bytes
+    return {"label": label, "world_size": world_size, "embeddings": embeddings, "batch_size": batch_size, "bytes_per_step": sent}
