@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -51,7 +51,7 @@ class TrainStep:
         self,
         model: nn.Module,
         optimizers: list[Optimizer],
-        schedulers: list[LRScheduler] | tuple = (),
+        schedulers: Sequence[LRScheduler] = (),
         reuse_host_memory: bool = True,
         timer: StepTimer | None = None,
         sync_gradients: Callable[[], None] | None = None,
