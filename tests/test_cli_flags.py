@@ -198,3 +198,10 @@ def test_without_source_the_help_has_only_the_default(monkeypatch):
     finally:
         field_docs.cache_clear()
     assert actions["--sample-rate"].help == "(default 0.05)" and actions["--plan"].help == ""
+
+
+def test_evaluate_reads_the_runs_data_settings_so_its_help_shows_no_config_default():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.option_strings[0]: a for a in sub.choices["evaluate"]._actions if a.option_strings}
+    assert actions["--data"].help == "input file or directory (default: the run's own data, scoring its --split)"
+    assert all("(default" not in actions[flag.option].help for flag in FLAGS if flag.group == "data" and flag.option != "--data")

@@ -15,8 +15,12 @@ EXAMPLES_FORMAT = argparse.RawDescriptionHelpFormatter
 
 def add_data_args(p: argparse._ActionsContainer, data_default: str | None = None) -> None:
     """The data flags of ``FLAGS`` (--data, --data-format, --schema, --cache-dir, --strict) and
-    --no-progress; ``data_default``, when given, says in --data's help what is read without it."""
-    add_flags(p, "data", {"--data": f"input file or directory (default: {data_default})"} if data_default else None)
+    --no-progress. ``data_default``, when given, is the data a command reads without --data (a
+    run's): --data's help says it and the other flags' help shows no config default."""
+    if data_default is None:
+        add_flags(p, "data")
+    else:
+        add_flags(p, "data", {"--data": f"input file or directory (default: {data_default})"}, config_defaults=False)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

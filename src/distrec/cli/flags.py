@@ -85,24 +85,28 @@ FLAGS: list[Flag] = [
 """Every flag that sets a config field, in the order ``--help`` lists them within a group."""
 
 
-def add_flags(container: argparse._ActionsContainer, group: str, help_overrides: Mapping[str, str] | None = None) -> None:
-    """Add the arguments of the ``FLAGS`` of ``group`` to a parser or argument group;
-    ``help_overrides`` replaces the help of the options it names."""
+def add_flags(container: argparse._ActionsContainer, group: str, help_overrides: Mapping[str, str] | None = None, config_defaults: bool = True) -> None:
+    """Add the arguments of the ``FLAGS`` of ``group`` to a parser or argument group.
+
+    ``help_overrides`` replaces the help of the options it names; ``config_defaults`` False
+    leaves "(default X)" out, for a command whose unset flags take other settings (a run's).
+    """
     for flag in FLAGS:
         if flag.group == group:
-            kwargs = config_argument(flag)
+            kwargs = config_argument(flag, config_defaults)
             if help_overrides and flag.option in help_overrides:
                 kwargs["help"] = help_overrides[flag.option]
             container.add_argument(flag.option, **kwargs)
 
 
-def config_argument(flag: Flag) -> dict[str, Any]:
-    """The ``add_argument`` keywords of ``flag``, made from its config field."""
+def config_argument(flag: Flag, config_default: bool = True) -> dict[str, Any]:
+    """The ``add_argument`` keywords of ``flag``, made from its config field (its help says the
+    field's default unless ``config_default`` is False)."""
     owner, name = field_owner(flag.field)
     hint = get_type_hints(owner)[name]
     value_type = unwrap_optional(hint)
     choices = literal_values(hint)
-    kwargs: dict[str, Any] = {"help": field_help(owner, name)}
+    kwargs: dict[str, Any] = {"help": field_help(owner, name, config_default)}
     if value_type is bool:
         kwargs.update(action="store_true", default=None)  # None: the flag was not given, the config decides
     elif choices is not None:
@@ -121,15 +125,15 @@ def field_owner(path: str) -> tuple[type, str]:
     return owner, name
 
 
-def field_help(owner: type, name: str) -> str:
+def field_help(owner: type, name: str, with_default: bool = True) -> str:
     """The help of field ``name`` of ``owner``: the first paragraph of its docstring as a phrase,
-    then "(default X)" unless the default is None, a bool or made by a factory."""
+    then, ``with_default``, "(default X)" unless the default is None, a bool or made by a factory."""
     doc = field_docs(owner).get(name, "")
     phrase = " ".join(doc.split("\n\n")[0].split()).replace("``", "").rstrip(".")
     if phrase and not phrase[:2].isupper():  # "Rows per ..." -> "rows per ...", "DCN: ..." stays
         phrase = phrase[0].lower() + phrase[1:]
     default = next(f.default for f in dataclasses.fields(owner) if f.name == name)
-    if default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
+    if with_default and default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
         phrase = f"{phrase} (default {format_default(default)})".strip()
     return phrase.replace("%", "%%")  # argparse expands %(...)s in help
 
