@@ -20,7 +20,7 @@ def add_data_args(p: argparse._ActionsContainer, data_default: str | None = None
     if data_default is None:
         add_flags(p, "data")
     else:
-        add_flags(p, "data", {"--data": f"input file or directory (default: {data_default})"}, config_defaults=False)
+        add_flags(p, "data", {"--data": f"input file or directory (default: {data_default})"}, with_defaults=False)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -85,28 +85,28 @@ FLAGS: list[Flag] = [
 """Every flag that sets a config field, in the order ``--help`` lists them within a group."""
 
 
-def add_flags(container: argparse._ActionsContainer, group: str, help_overrides: Mapping[str, str] | None = None, config_defaults: bool = True) -> None:
+def add_flags(container: argparse._ActionsContainer, group: str, help_overrides: Mapping[str, str] | None = None, with_defaults: bool = True) -> None:
     """Add the arguments of the ``FLAGS`` of ``group`` to a parser or argument group.
 
-    ``help_overrides`` replaces the help of the options it names; ``config_defaults`` False
+    ``help_overrides`` replaces the help of the options it names; ``with_defaults`` False
     leaves "(default X)" out, for a command whose unset flags take other settings (a run's).
     """
     for flag in FLAGS:
         if flag.group == group:
-            kwargs = config_argument(flag, config_defaults)
+            kwargs = config_argument(flag, with_defaults)
             if help_overrides and flag.option in help_overrides:
                 kwargs["help"] = help_overrides[flag.option]
             container.add_argument(flag.option, **kwargs)
 
 
-def config_argument(flag: Flag, config_default: bool = True) -> dict[str, Any]:
+def config_argument(flag: Flag, with_default: bool = True) -> dict[str, Any]:
     """The ``add_argument`` keywords of ``flag``, made from its config field (its help says the
-    field's default unless ``config_default`` is False)."""
+    field's default unless ``with_default`` is False)."""
     owner, name = field_owner(flag.field)
     hint = get_type_hints(owner)[name]
     value_type = unwrap_optional(hint)
     choices = literal_values(hint)
-    kwargs: dict[str, Any] = {"help": field_help(owner, name, config_default)}
+    kwargs: dict[str, Any] = {"help": field_help(owner, name, with_default)}
     if value_type is bool:
         kwargs.update(action="store_true", default=None)  # None: the flag was not given, the config decides
     elif choices is not None:
@@ -134,11 +134,11 @@ def field_help(owner: type, name: str, with_default: bool = True) -> str:
         phrase = phrase[0].lower() + phrase[1:]
     default = next(f.default for f in dataclasses.fields(owner) if f.name == name)
     if with_default and default is not None and default is not dataclasses.MISSING and not isinstance(default, bool):
-        phrase = f"{phrase} (default {format_default(default)})".strip()
+        phrase = f"{phrase} (default {_format_default(default)})".strip()
     return phrase.replace("%", "%%")  # argparse expands %(...)s in help
 
 
-def format_default(value: object) -> str:
+def _format_default(value: object) -> str:
     """A default as the help shows it: 600.0 as 600, 0.05 as 0.05, '512MB' as 512MB."""
     return f"{value:g}" if isinstance(value, float) else str(value)
 
