@@ -202,6 +202,7 @@ def test_train_on_csv_and_evaluate_on_parquet_with_a_schema(capsys, tmp_path):
         (["train", "--set", "model.nope=3"], ["unknown config key 'model.nope'"]),
         (["train", "--set", "train.lr=fast"], ["train.lr", "'fast'"]),
         (["train", "--set", "train.batch_size=0"], ["train.batch_size is 0"]),
+        (["train", "--set", "data.format=tsv"], ["data.format is 'tsv'; choose one of: synthetic, criteo, movielens, csv, parquet"]),
         (["train", "--set", "nonsense"], ["section.key=value"]),
         (["train", "--lr", "-1"], ["train.lr is -1"]),
         (["train", "--config", "no/such.yaml"], ["config file 'no/such.yaml' not found"]),
@@ -268,6 +269,8 @@ def test_resume_errors(capsys, tmp_path, criteo_run):
     not_a_run.mkdir()
     assert_one_line_error(capsys, ["train", "--resume", not_a_run, "--max-steps", "10", "--no-progress"], "cannot resume", "--out directory")
     assert_one_line_error(capsys, ["train", "--resume", criteo_run, "--lr", "0.5", "--no-progress"], "--lr cannot change a resumed run")
+    # every config flag but those RESUMABLE names is refused, not silently ignored
+    assert_one_line_error(capsys, ["train", "--resume", criteo_run, "--hotline", "--no-progress"], "--hotline cannot change a resumed run")
 
 
 def test_evaluate_errors(capsys, tmp_path, criteo_run, shared_data):

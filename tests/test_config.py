@@ -69,6 +69,33 @@ def test_bad_values_are_one_line_errors(overrides, message):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "section, key, value, message",
+    [
+        ("data", "format", "tsv", "data.format is 'tsv'; choose one of: synthetic, criteo, movielens, csv, parquet"),
+        ("parallel", "sharding", "diagonal", "parallel.sharding is 'diagonal'; choose one of: table_wise, column_wise, row_wise, data_parallel"),
+        ("model", "tower_module", "mlp", "model.tower_module is 'mlp'; choose one of: dlrm, dcn"),
+        ("train", "decay", "exp", "train.decay is 'exp'; choose one of: none, linear, cosine, poly"),
+        ("hotline", "slow_tier", 3, "hotline.slow_tier is 3; choose one of: auto, disk, host"),
+    ],
+)
+def test_a_value_its_literal_type_does_not_list_is_a_one_line_error(tmp_path, section, key, value, message):
+    f = tmp_path / "exp.yaml"
+    f.write_text(f"{section}:\n  {key}: {value}\n")
+    for source in ({"path": f}, {"overrides": [f"{section}.{key}={value}"]}):
+        with pytest.raises(DistrecError) as e:
+            config.load(**source)
+        assert str(e.value) == message
+
+
+def test_an_optional_choice_may_be_unset_and_validate_checks_choices_set_in_code():
+    cfg = config.load(None, ["model.tower_module=null", "parallel.sharding=none"])
+    assert (cfg.model.tower_module, cfg.parallel.sharding) == (None, None)
+    cfg.parallel.lookup = "ring"
+    with pytest.raises(DistrecError, match="parallel.lookup is 'ring'; choose one of: flat, sptt"):
+        config.validate(cfg)
+
+
 def test_unknown_preset_and_missing_file(tmp_path):
     with pytest.raises(DistrecError, match="unknown preset 'huge'; choose one of: dlrm-kaggle"):
         config.load(preset="huge")

@@ -3,6 +3,11 @@
 One YAML file describes a run; every field has a default; ``--set section.field=value``
 overrides any field from the command line. The resolved config is written into the run's
 output folder so every result can be reproduced.
+
+Each field carries its type (a ``Literal`` lists a choice field's values), its default and,
+in the string right below it, what it is; ``distrec train``'s flags are made from these
+(``distrec.cli.flags``). Each section checks its own values (``validate``);
+``COMBINATION_RULES`` and ``validate`` check the settings that span sections.
 """
 
 from __future__ import annotations
@@ -12,12 +17,27 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
 from distrec.errors import DistrecError
 from distrec.units import parse_bytes
+
+Optimizer = Literal["sgd", "adagrad", "adam"]
+"""An optimizer of ``distrec.components.optim``; the embeddings use its sparse, row-wise form."""
+
+Arch = Literal["dlrm", "dcn"]
+"""A model family: DLRM (Naumov et al., 2019) or DCN-v2 (Wang et al., WWW 2021)."""
+
+TableSharding = Literal["table_wise", "column_wise", "row_wise"]
+"""How a table is split over ranks: whole tables, column blocks or row blocks."""
+
+
+def _check_min(key: str, value: int | float, minimum: int) -> None:
+    """DistrecError naming ``key`` unless ``value`` is at least ``minimum`` (0 or 1)."""
+    if value < minimum:
+        raise DistrecError(f"{key} is {value}; it must be {'0 or more' if minimum == 0 else f'at least {minimum}'}")
 
 
 @dataclass
@@ -25,15 +45,31 @@ class SyntheticConfig:
     """A Criteo-shaped synthetic data set (see ``distrec.data.synthetic``)."""
 
     rows: int = 200_000
+    """Rows of the data set."""
     num_dense: int = 13
+    """Dense features per row."""
     num_sparse: int = 26
+    """Categorical features per row, one embedding table each."""
     table_rows: int = 100_000
+    """Rows of each categorical feature's table (raw ids 1 to table_rows - 1; row 0 is for missing values)."""
     zipf_exponent: float = 1.05
-    zipf_exponents: list[float] = field(default_factory=list)  # one per table; empty: zipf_exponent for all
+    """Zipf exponent of the row popularity of every table: the larger, the more lookups the hottest rows take."""
+    zipf_exponents: list[float] = field(default_factory=list)
+    """One Zipf exponent per table, each 0 or more; empty: ``zipf_exponent`` for all."""
     pooling_factor: int = 1
+    """Values per categorical feature and row (1: single-hot)."""
     interaction_groups: int = 0
+    """G > 0: factorisation-machine interactions planted between the features of each of G random
+    groups (the tower partitioner's ground truth); 0: none."""
     drift_period_rows: int = 0
+    """Rows after which every table's hot rows move elsewhere (popularity drift); 0: no drift."""
     seed: int = 1234
+    """Seed of the generator: row r depends only on the config and r."""
+
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range."""
+        for name in ("rows", "table_rows", "pooling_factor"):
+            _check_min(f"data.synthetic.{name}", getattr(self, name), 1)
 
 
 @dataclass
@@ -41,100 +77,196 @@ class DataConfig:
     """Where the data comes from and how it is split."""
 
     path: str | None = None
-    format: str = "synthetic"
+    """Input file or directory; unset: synthetic data generated as ``data.synthetic`` says."""
+    format: Literal["synthetic", "criteo", "movielens", "csv", "parquet"] = "synthetic"
+    """Input format: a Criteo TSV (plain or .gz), a MovieLens ml-100k directory, a CSV or Parquet
+    file read by ``schema``, or synthetic data."""
     schema: str | None = None
+    """YAML schema of a csv or parquet input: its label, dense and categorical columns."""
     cache_dir: str | None = None
+    """Where parsed data is cached; unset: $DISTREC_CACHE, else ~/.cache/distrec."""
     split: str = "random:0.1"
+    """Holdout: random:VAL[:TEST] or last:VAL[:TEST], the fractions of the rows held out for
+    validation and, optionally, test.
+
+    ``random`` draws the held-out rows by a permutation seeded with ``train.seed``; ``last``
+    holds out the last rows (a time-ordered holdout)."""
     max_ind_range: int = 100_000
+    """Rows per hashed table, for every feature that ``table_sizes`` does not name.
+
+    Raw ids wrap into rows 1 to max_ind_range - 1 (row 0 is for missing values); a feature of
+    small-integer ids (MovieLens') gets no more rows than its largest id."""
     table_sizes: dict[str, int] = field(default_factory=dict)
+    """Rows of the tables of named features, e.g. {C1: 1000}, each at least 2."""
     strict: bool = False
+    """Stop at the first malformed row instead of skipping it."""
     chunk_rows: int = 262_144
+    """Rows parsed at a time while the input is read into the cache."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """The synthetic data set (format synthetic)."""
+
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range."""
+        _check_min("data.max_ind_range", self.max_ind_range, 1)
+        _check_min("data.chunk_rows", self.chunk_rows, 1)
+        self.synthetic.validate()
+        for name, rows in self.table_sizes.items():
+            if rows < 2:
+                raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
+        if self.format in ("csv", "parquet") and self.schema is None and self.path is not None:
+            raise DistrecError(f"--data-format {self.format} needs --schema FILE naming the label, dense and categorical columns")
 
 
 @dataclass
 class ModelConfig:
-    """The architecture. A preset fixes these; input widths and table sizes come from data.
-
-    ``bottom_mlp`` and ``top_mlp`` list hidden widths only: DLRM's bottom MLP always ends in
-    a layer of width ``embedding_dim`` (so dense and sparse vectors can be dotted) and the
-    top MLP in one logit, so the Kaggle model 13-512-256-64-16 / 512-256-1 is
-    ``bottom_mlp=[512, 256, 64]``, ``top_mlp=[512, 256]``.
-
-    ``tower_module`` (``dlrm`` or ``dcn``) makes a DLRM a DMT-DLRM and a DCN a DMT-DCN
-    (``distrec.models.dmt``): one tower module per tower of ``parallel.towers`` maps the
-    tower's pooled embeddings to vectors of width D = ``tower_dim``, or, when that is unset, the D whose output is
-    ``tower_compression`` x smaller than the tower's input; ``tower_c`` and ``tower_p`` are
-    the DLRM tower's c and p, ``tower_cross_layers`` the DCN tower's cross layers,
-    ``tower_interaction`` whether the DLRM tower's mixed outputs also read the tower's pairwise
-    dot products (``distrec.models.tower_modules``).
-    """
+    """The architecture. A preset fixes these; input widths and table sizes come from data."""
 
     preset: str = "dlrm-kaggle"
-    arch: str = "dlrm"
+    """Architecture preset (a name in ``PRESETS``) that sets the fields below unless they are given."""
+    arch: Arch = "dlrm"
+    """Model family: DLRM or DCN-v2."""
     embedding_dim: int = 16
+    """Width of every embedding row, in floats."""
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64])
+    """Hidden widths of DLRM's bottom MLP over the dense features.
+
+    It always ends in a layer of width ``embedding_dim`` (so dense and sparse vectors can be
+    dotted): the Kaggle model's 13-512-256-64-16 is [512, 256, 64]."""
     top_mlp: list[int] = field(default_factory=lambda: [512, 256])
-    interaction: str = "dot"
+    """Hidden widths of DLRM's top MLP over the interaction; it ends in one logit, so 512-256-1 is [512, 256]."""
+    interaction: Literal["dot", "cat"] = "dot"
+    """DLRM's feature interaction: the pairwise dot products of the vectors, or their concatenation."""
     self_interaction: bool = False
+    """Dot interaction: also each vector's dot product with itself."""
     cross_layers: int = 3
+    """DCN: cross layers."""
     cross_low_rank: int = 0
-    dcn_structure: str = "parallel"
+    """DCN: rank of each cross layer's matrix; 0: full rank."""
+    dcn_structure: Literal["parallel", "stacked"] = "parallel"
+    """DCN: the cross network and the deep MLP side by side (parallel) or the MLP after the cross network (stacked)."""
     deep_mlp: list[int] = field(default_factory=lambda: [512, 256])
-    tower_module: str | None = None
+    """DCN: hidden widths of the deep MLP."""
+    tower_module: Arch | None = None
+    """Tower module that compresses each tower's embeddings inside its host before they cross hosts;
+    unset: none.
+
+    One module per tower of ``parallel.towers`` (``distrec.models.dmt``) maps the tower's pooled
+    embeddings to vectors of width D, making a DLRM a DMT-DLRM and a DCN a DMT-DCN
+    (``distrec.models.tower_modules``)."""
     tower_dim: int | None = None
+    """Width D of the tower modules' output vectors; unset: the D that makes a tower's output
+    ``tower_compression`` times smaller than its input."""
     tower_compression: float = 4.0
+    """About how many times fewer floats cross hosts (picks D when ``tower_dim`` is unset)."""
     tower_c: int = 1
+    """DLRM tower module: outputs of width D per feature (the paper's c)."""
     tower_p: int = 1
+    """DLRM tower module: outputs of width D mixing all features (the paper's p)."""
     tower_cross_layers: int = 2
+    """DCN tower module: cross layers."""
     tower_interaction: bool = False
+    """DLRM tower module: its mixed outputs also read the tower's pairwise dot products (hierarchical interaction)."""
+
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range."""
+        _check_min("model.embedding_dim", self.embedding_dim, 1)
+        for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
+            if any(w < 1 for w in getattr(self, key)):
+                raise DistrecError(f"model.{key} is {getattr(self, key)}; every layer width must be at least 1")
+        if self.tower_interaction and self.tower_module != "dlrm":
+            raise DistrecError("model.tower_interaction feeds the DLRM tower module's mixed outputs; add --tower-module dlrm, or drop it")
+        if self.tower_module is not None and (self.tower_compression <= 0 or (self.tower_dim is not None and self.tower_dim < 1)):
+            raise DistrecError("model.tower_compression must be positive and model.tower_dim at least 1; e.g. --compression 4")
 
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop.
-
-    Unset fields take defaults that suit the data (``resolve_optimizers`` when the config
-    loads; ``auto_batch_size`` and ``auto_eval_every`` when the trainer knows the rows):
-
-    - ``optimizer`` unset: Adam for the dense layers and row-wise Adagrad for the embedding
-      rows (``DEFAULT_SETUP``), each at its own default step. An ``optimizer`` set alone
-      trains the embeddings with its sparse form, at ``lr`` unless ``embedding_lr`` is set.
-    - ``lr`` unset: ``DEFAULT_LR`` of the dense optimizer.
-    - ``epochs`` and ``max_steps`` unset: train until the validation AUC has not improved
-      for ``patience`` evaluations (at most ``MAX_EPOCHS`` epochs), keep the best model in
-      ``best/`` beside the last one in ``checkpoint/``.
-    - ``batch_size`` unset: a power of two from the training rows (``auto_batch_size``).
-    - ``eval_every`` 0: evaluate at the end only, or ``EVALS_PER_EPOCH`` times per epoch
-      when training until the validation AUC stops improving.
-    """
+    """The optimisation loop. Unset fields take defaults that suit the data: the optimizers when
+    the config loads (``resolve_optimizers``), the batch size and evaluation interval when the
+    trainer knows the rows (``auto_batch_size``, ``auto_eval_every``)."""
 
     epochs: int | None = None
+    """Passes over the training split (ignored when ``max_steps`` is set); unset, with ``max_steps``
+    unset too: until the validation AUC stops improving.
+
+    Training until the AUC stops improving ends after ``patience`` evaluations without a better
+    one, or after ``MAX_EPOCHS`` epochs, and keeps the best model in best/ beside the last one
+    in checkpoint/."""
     max_steps: int | None = None
+    """Optimizer steps in total, after which training stops."""
     batch_size: int | None = None
+    """Global mini-batch size in samples; unset: from the training rows, 64 to 1024 (``auto_batch_size``)."""
     eval_batch_size: int = 16384
+    """Evaluation mini-batch size in samples."""
     lr: float | None = None
+    """Learning rate; unset: the optimizer's (sgd 0.1, adagrad 0.01, adam 0.001; ``DEFAULT_LR``)."""
     embedding_lr: float | None = None
-    optimizer: str | None = None
-    embedding_optimizer: str | None = None
+    """Learning rate of the embedding rows; unset: ``lr``, or ``DEFAULT_SETUP``'s when neither
+    ``optimizer`` nor ``lr`` is set."""
+    optimizer: Optimizer | None = None
+    """Optimizer; the embeddings get its sparse, row-wise form unless ``embedding_optimizer`` is set.
+    Unset: adam for the dense layers, row-wise adagrad for the embeddings (``DEFAULT_SETUP``)."""
+    embedding_optimizer: Optimizer | None = None
+    """Optimizer of the embedding rows, in its sparse, row-wise form; unset: ``optimizer``'s."""
     weight_decay: float = 0.0
+    """L2 penalty coefficient of the dense parameters."""
     embedding_weight_decay: float = 0.0
+    """L2 penalty coefficient of the embedding rows a step touches."""
     warmup_steps: int = 0
-    decay: str = "none"
+    """Steps over which the learning rate rises linearly to ``lr``; 0: no warm-up."""
+    decay: Literal["none", "linear", "cosine", "poly"] = "none"
+    """Learning-rate decay to 0 from ``decay_start_step`` over ``decay_steps`` steps: linear, cosine,
+    or poly ((1 - progress)^2, the DLRM reference's)."""
     decay_start_step: int = 0
+    """Step at which the learning-rate decay starts."""
     decay_steps: int = 0
+    """Steps the learning-rate decay lasts; 0: the run's total steps."""
     eval_every: int = 0
+    """Steps between evaluations on the validation split, plus one at the end; 0: at the end, or
+    four times per epoch (``EVALS_PER_EPOCH``) when training until the validation AUC stops improving."""
     patience: int = 5
+    """Without ``epochs`` and ``max_steps``: evaluations without a better validation AUC before training stops."""
     checkpoint_every: int = 0
+    """Steps between checkpoints, besides the one at the end; 0: at the end only."""
     log_every: int = 50
-    tensorboard: bool = False  # also write the metrics as TensorBoard scalars into RUN_DIR/tensorboard
+    """Steps between records of the training loss and speed in the metrics log; 0: none."""
+    tensorboard: bool = False
+    """Also write the metrics, speed and time breakdown as TensorBoard scalars into the run's
+    tensorboard/ folder (pip install 'distrec[tensorboard]')."""
     seed: int = 0
+    """Random seed of the initial weights, the random split and the shuffling."""
     threads: int = 0
+    """Torch's intra-op threads per process; 0: torch's default."""
 
     @property
     def until_converged(self) -> bool:
         """Whether the run's length is decided by early stopping (no epochs nor max_steps)."""
         return self.epochs is None and self.max_steps is None
+
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range."""
+        if self.batch_size is not None:
+            _check_min("train.batch_size", self.batch_size, 1)
+        _check_min("train.eval_batch_size", self.eval_batch_size, 1)
+        if self.epochs is not None:
+            _check_min("train.epochs", self.epochs, 1)
+        _check_min("train.patience", self.patience, 1)
+        if self.lr is None or self.lr <= 0:
+            raise DistrecError(f"train.lr is {self.lr}; it must be positive")
+        if self.max_steps is not None:
+            _check_min("train.max_steps", self.max_steps, 1)
+        for name in (
+            "weight_decay",
+            "embedding_weight_decay",
+            "warmup_steps",
+            "decay_start_step",
+            "decay_steps",
+            "eval_every",
+            "checkpoint_every",
+            "log_every",
+            "threads",
+        ):
+            _check_min(f"train.{name}", getattr(self, name), 0)
 
 
 DEFAULT_LR = {"sgd": 0.1, "adagrad": 0.01, "adam": 0.001}
@@ -182,84 +314,107 @@ def auto_eval_every(steps_per_epoch: int) -> int:
 
 @dataclass
 class ParallelConfig:
-    """How a multi-process run splits the model (ignored in a single process).
+    """How a multi-process run splits the model (ignored in a single process)."""
 
-    ``embeddings``: ``sharded`` splits the tables over the ranks by ``plan`` (a ShardingPlan
-    JSON), by one ``sharding`` type for all tables, or by the greedy planner under
-    ``memory_per_rank`` (a size such as '4GB'); ``local`` gives every rank its own full
-    copy of the tables and all-reduces only dense gradients.
-
-    ``lookup``: ``flat`` (one all-to-all over all ranks) or ``sptt`` (DMT's topology-aware
-    exchange: tower t's tables on host t, ``tower_sharding`` table_wise, column_wise or
-    row_wise over the host's ranks; ``towers`` is a tower partition JSON from ``distrec
-    partition``, default the strided one). ``hosts`` x ``ranks_per_host``
-    describe the topology (default: torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE);
-    ``hosts_per_tower`` K makes each tower span K hosts (hosts / K towers).
-
-    ``replica_groups`` G > 1: 2D sparse parallelism (``distrec.parallel.two_d``): G groups of
-    N / G consecutive ranks, the tables sharded within each group (the plan is for N / G
-    ranks) and replicated across groups; ``replica_sync`` ``exact`` averages the touched
-    rows' gradients across groups every step, ``periodic`` averages the replicas (weights and
-    row-wise optimizer state) every ``sync_every`` steps, each row as ``replica_average``
-    says: the mean over ``all`` groups, merged from the groups that ``touched`` it since the
-    last sync, or ``auto`` (touched for Adagrad and Adam, all for SGD).
-    ``timeout_seconds``: how long a collective waits for a silent rank before failing.
-    """
-
-    embeddings: str = "sharded"
+    embeddings: Literal["sharded", "local"] = "sharded"
+    """sharded: the tables are split over the ranks (by ``plan``, ``sharding`` or the greedy planner);
+    local: every rank keeps a full copy of the tables and all-reduces only dense gradients."""
     plan: str | None = None
-    sharding: str | None = None
+    """Sharding plan JSON (from 'distrec plan'); unset: a greedy table-wise plan, saved with the run."""
+    sharding: Literal[TableSharding, "data_parallel"] | None = None
+    """Shard every table this way instead of planning."""
     memory_per_rank: str | None = None
-    lookup: str = "flat"
+    """Table memory limit per rank for the greedy planner, a size such as 4GB; unset: no limit."""
+    lookup: Literal["flat", "sptt"] = "flat"
+    """Embedding exchange: one all-to-all over all ranks (flat), or DMT's topology-aware SPTT by host (sptt)."""
     hosts: int | None = None
+    """Hosts in the topology; unset: torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE."""
     ranks_per_host: int | None = None
+    """Ranks per host; unset: torchrun's LOCAL_WORLD_SIZE."""
     towers: str | None = None
-    tower_sharding: str = "table_wise"
+    """With the sptt lookup: tower partition JSON from 'distrec partition', one tower per host (per
+    ``hosts_per_tower`` hosts); unset: the strided partition.
+
+    Tower t's tables live on host t."""
+    tower_sharding: TableSharding = "table_wise"
+    """With the sptt lookup: split a tower's tables over its host's ranks by table, by column, or by row for large tables."""
     hosts_per_tower: int = 1
+    """With the sptt lookup: hosts each tower spans, so there are hosts / hosts_per_tower towers."""
     replica_groups: int = 1
-    replica_sync: str = "exact"
+    """2D sparse parallelism with G > 1: G groups of N/G consecutive ranks, each with every table
+    sharded by a plan for N/G ranks; 1: plain sharding.
+
+    The tables are replicated across the groups (``distrec.parallel.two_d``)."""
+    replica_sync: Literal["exact", "periodic"] = "exact"
+    """2D: exact averages the touched rows' gradients across groups every step; periodic averages
+    the replicas (weights and row-wise optimizer state) every ``sync_every`` steps."""
     sync_every: int = 10
-    replica_average: str = "auto"
+    """With the periodic replica sync: steps between replica averages."""
+    replica_average: Literal["auto", "all", "touched"] = "auto"
+    """With the periodic replica sync: a row's mean over all groups, or merged from the groups that
+    touched it since the last sync; auto: touched for Adagrad and Adam, all for SGD."""
     timeout_seconds: float = 600.0
+    """Seconds a collective waits for a silent rank before it fails, naming the rank."""
 
     @property
     def tower_count(self) -> int | None:
         """Towers of the strided partition: hosts / hosts_per_tower (None without ``hosts``)."""
         return None if self.hosts is None else self.hosts // self.hosts_per_tower
 
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range or without its partner."""
+        _check_min("parallel.replica_groups", self.replica_groups, 1)
+        _check_min("parallel.sync_every", self.sync_every, 1)
+        if self.memory_per_rank is not None:
+            parse_bytes(self.memory_per_rank, "parallel.memory_per_rank")
+        if (self.hosts is None) != (self.ranks_per_host is None):
+            raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
+        if self.hosts_per_tower < 1 or self.hosts is not None and self.hosts % self.hosts_per_tower != 0:
+            raise DistrecError(f"--hosts-per-tower {self.hosts_per_tower} must divide --hosts {self.hosts} (towers = hosts / K); change one of them")
+
 
 @dataclass
 class HotlineConfig:
-    """Hotline (Adnan et al., ISCA 2024): hot embedding rows in a fast tier, the rest in a slow one.
-
-    ``hot_budget``: fast-tier bytes for hot rows (weights, optimizer state, ids), e.g. '512MB'.
-    ``sample_rate``: fraction of mini-batches the access logger counts. ``relearn_every``:
-    mini-batches between re-selections of the hot set (the first window is the learning
-    phase). ``logger_size``: the logger's memory (default: 4 MiB, whatever the budget, as the
-    paper's; docs/hotline.md). ``slow_tier``: ``disk`` (a memory-mapped file), ``host`` (host memory, pinned
-    for a GPU) or ``auto`` (host with a GPU, disk without); ``slow_tier_dir``: where the
-    disk tier's file goes (default: the run's output directory). ``place_threads``: with a
-    disk tier, run the step on CPUs that do not handle the disk's interrupts and the
-    prefetch worker on those that do, when enough CPUs remain (``hotline/placement.py``).
-    ``readahead``: a disk tier's gathers first start the reads of every page their rows
-    touch, together (``hotline/readahead.py``); false: each page is read when the gather
-    faults on it, as with a plain memory-mapped table (to measure what the readahead gains).
-    ``slow_tier_file``: an existing file of every embedding row (float32, row-major, no
-    header: [rows of all tables, dim + the embedding optimizer's per-row state]) used as the
-    disk tier in place of a scratch file: training starts from its rows and writes into it
-    (``hotline/tiers.py``, ``map_table_file``).
-    """
+    """Hotline (Adnan et al., ISCA 2024): hot embedding rows in a fast tier, the rest in a slow one."""
 
     enabled: bool = False
+    """Train with Hotline's hot set and micro-batch pipeline."""
     hot_budget: str = "512MB"
+    """Fast-tier bytes for hot rows (weights, optimizer state, ids), a size such as 512MB."""
     sample_rate: float = 0.05
+    """Fraction of mini-batches the access logger counts, in (0, 1]."""
     relearn_every: int = 1000
+    """Mini-batches between re-selections of the hot set (the first window is the learning phase); 0: never."""
     logger_size: str | None = None
-    slow_tier: str = "auto"
+    """Memory of the access logger, a size such as 4MiB; unset: 4 MiB whatever the budget, as the paper's (docs/hotline.md)."""
+    slow_tier: Literal["auto", "disk", "host"] = "auto"
+    """Where the cold rows live: disk (a memory-mapped file), host (host memory, pinned for a GPU), or
+    auto (host with a GPU, disk without)."""
     slow_tier_dir: str | None = None
+    """Directory of the disk tier's file; unset: the run's output directory."""
     place_threads: bool = True
+    """With a disk tier: run the step on CPUs that do not handle the disk's interrupts and the prefetch
+    worker on those that do, when enough CPUs remain (``hotline/placement.py``)."""
     readahead: bool = True
+    """With a disk tier: a gather first starts the reads of every page its rows touch, together
+    (``hotline/readahead.py``); false: each page is read when the gather faults on it, as with a
+    plain memory-mapped table (to measure what the readahead gains)."""
     slow_tier_file: str | None = None
+    """An existing file of every embedding row used as the disk tier in place of a scratch file:
+    training starts from its rows and writes into it; unset: a scratch file.
+
+    Float32, row-major, no header: [rows of all tables, dim + the embedding optimizer's per-row
+    state] (``hotline/tiers.py``, ``map_table_file``)."""
+
+    def validate(self) -> None:
+        """DistrecError naming the first field out of range."""
+        parse_bytes(self.hot_budget, "hotline.hot_budget")
+        if self.logger_size is not None:
+            parse_bytes(self.logger_size, "hotline.logger_size")
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise DistrecError(f"hotline.sample_rate is {self.sample_rate}; give a fraction of mini-batches in (0, 1], e.g. 0.05")
+        if self.relearn_every < 0:
+            raise DistrecError(f"hotline.relearn_every is {self.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
 
 
 @dataclass
@@ -267,10 +422,15 @@ class RunConfig:
     """A whole experiment."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    """The data set and its split."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The optimisation loop."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How several processes split the model."""
     hotline: HotlineConfig = field(default_factory=HotlineConfig)
+    """Hotline's fast and slow tiers."""
 
 
 # Architecture presets. Sources: the DLRM reference code's run scripts
@@ -284,25 +444,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dcn": dict(arch="dcn", embedding_dim=16, cross_layers=3, dcn_structure="parallel", deep_mlp=[512, 256], bottom_mlp=[]),
     "tiny": dict(arch="dlrm", embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16], interaction="dot"),
 }
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": ("synthetic", "criteo", "movielens", "csv", "parquet"),
-    "model.arch": ("dlrm", "dcn"),
-    "model.interaction": ("dot", "cat"),
-    "model.dcn_structure": ("parallel", "stacked"),
-    "model.tower_module": ("dlrm", "dcn"),
-    "train.optimizer": ("sgd", "adagrad", "adam"),
-    "train.embedding_optimizer": ("sgd", "adagrad", "adam"),
-    "train.decay": ("none", "linear", "cosine", "poly"),
-    "parallel.embeddings": ("sharded", "local"),
-    "parallel.lookup": ("flat", "sptt"),
-    "parallel.tower_sharding": ("table_wise", "column_wise", "row_wise"),
-    "parallel.sharding": ("table_wise", "column_wise", "row_wise", "data_parallel"),
-    "parallel.replica_sync": ("exact", "periodic"),
-    "parallel.replica_average": ("auto", "all", "touched"),
-    "hotline.slow_tier": ("auto", "disk", "host"),
-}
-
 
 ROW_STATE_OPTIMIZERS = ("sgd", "adagrad")
 """Embedding optimizers whose state is per row, so a row can move between a shard and the
@@ -386,6 +527,27 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def unwrap_optional(hint: Any) -> Any:
+    """The type inside ``X | None``; ``hint`` itself when it is not optional."""
+    args = get_args(hint)
+    if type(None) not in args:
+        return hint
+    return [a for a in args if a is not type(None)][0]
+
+
+def literal_values(hint: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` type (or ``Literal[...] | None``) allows; None for other types."""
+    inner = unwrap_optional(hint)
+    return get_args(inner) if get_origin(inner) is Literal else None
+
+
+def _check_choice(value: Any, values: tuple[Any, ...], key: str) -> Any:
+    """``value`` if it is one of ``values``, else DistrecError naming ``key`` and the choices."""
+    if value not in values:
+        raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(map(str, values))}")
+    return value
+
+
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     """Convert a YAML/command-line value to the field's declared type, or fail clearly."""
     origin = get_origin(hint)
@@ -394,11 +556,12 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise DistrecError(f"config key {key!r} must be a mapping, got {value!r}")
         return _from_dict(hint, value, key + ".")
+    if origin is Literal:
+        return _check_choice(value, args, key)
     if type(None) in args:  # Optional[...]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None
-        inner = [a for a in args if a is not type(None)][0]
-        return _coerce(value, inner, key)
+        return _coerce(value, unwrap_optional(hint), key)
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.replace("-", ",").split(",") if v.strip()] if value.strip() else []
@@ -508,98 +671,32 @@ def set_value(d: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
-def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
-    """The first float field (or list item) of a config section that is NaN or infinite, as (key, value)."""
+def _check_field_types(node: Any, prefix: str = "") -> None:
+    """DistrecError naming the first field of a config section (or list item) that is a NaN or
+    infinite float, or a value its ``Literal`` type does not list."""
+    hints = get_type_hints(type(node))
     for f in dataclasses.fields(node):
         value, key = getattr(node, f.name), prefix + f.name
         if dataclasses.is_dataclass(value):
-            found = _non_finite(value, key + ".")
-            if found:
-                return found
+            _check_field_types(value, key + ".")
+            continue
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, float) and not math.isfinite(item):
-                return key, item
-    return None
+                raise DistrecError(f"{key} is {item}; it must be a finite number")
+        values = literal_values(hints[f.name])
+        if values is not None and value is not None:
+            _check_choice(value, values, key)
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check value ranges and choices; raise DistrecError naming the first bad field."""
-    non_finite = _non_finite(cfg)
-    if non_finite is not None:
-        key, value = non_finite
-        raise DistrecError(f"{key} is {value}; it must be a finite number")
-    for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value is not None and value not in choices:
-            raise DistrecError(f"{key} is {value!r}; choose one of: {', '.join(choices)}")
-    t, m, dc = cfg.train, cfg.model, cfg.data
-    positive = {
-        "train.batch_size": 1 if t.batch_size is None else t.batch_size,
-        "train.eval_batch_size": t.eval_batch_size,
-        "train.epochs": 1 if t.epochs is None else t.epochs,
-        "train.patience": t.patience,
-        "model.embedding_dim": m.embedding_dim,
-        "data.max_ind_range": dc.max_ind_range,
-        "data.chunk_rows": dc.chunk_rows,
-        "data.synthetic.rows": dc.synthetic.rows,
-        "data.synthetic.table_rows": dc.synthetic.table_rows,
-        "data.synthetic.pooling_factor": dc.synthetic.pooling_factor,
-        "parallel.replica_groups": cfg.parallel.replica_groups,
-        "parallel.sync_every": cfg.parallel.sync_every,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise DistrecError(f"{key} is {value}; it must be at least 1")
-    if t.lr is None or t.lr <= 0:
-        raise DistrecError(f"train.lr is {t.lr}; it must be positive")
-    if t.max_steps is not None and t.max_steps < 1:
-        raise DistrecError(f"train.max_steps is {t.max_steps}; it must be at least 1")
-    for key in (
-        "weight_decay",
-        "embedding_weight_decay",
-        "warmup_steps",
-        "decay_start_step",
-        "decay_steps",
-        "eval_every",
-        "checkpoint_every",
-        "log_every",
-        "threads",
-    ):
-        if getattr(t, key) < 0:
-            raise DistrecError(f"train.{key} is {getattr(t, key)}; it must be 0 or more")
-    for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
-        if any(w < 1 for w in getattr(m, key)):
-            raise DistrecError(f"model.{key} is {getattr(m, key)}; every layer width must be at least 1")
-    for name, rows in dc.table_sizes.items():
-        if rows < 2:
-            raise DistrecError(f"data.table_sizes.{name} is {rows}; a table needs at least 2 rows (row 0 is for missing values)")
-    h = cfg.hotline
-    parse_bytes(h.hot_budget, "hotline.hot_budget")
-    if h.logger_size is not None:
-        parse_bytes(h.logger_size, "hotline.logger_size")
-    if not 0.0 < h.sample_rate <= 1.0:
-        raise DistrecError(f"hotline.sample_rate is {h.sample_rate}; give a fraction of mini-batches in (0, 1], e.g. 0.05")
-    if h.relearn_every < 0:
-        raise DistrecError(f"hotline.relearn_every is {h.relearn_every}; give a number of mini-batches, 0 or more (0: never)")
-    if cfg.parallel.memory_per_rank is not None:
-        parse_bytes(cfg.parallel.memory_per_rank, "parallel.memory_per_rank")
-    if m.tower_interaction and m.tower_module != "dlrm":
-        raise DistrecError("model.tower_interaction feeds the DLRM tower module's mixed outputs; add --tower-module dlrm, or drop it")
-    if m.tower_module is not None:
-        if cfg.parallel.towers is None and cfg.parallel.hosts is None:
-            raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
-        if m.tower_compression <= 0 or (m.tower_dim is not None and m.tower_dim < 1):
-            raise DistrecError("model.tower_compression must be positive and model.tower_dim at least 1; e.g. --compression 4")
+    """Check value ranges and choices of each section, then the settings that span sections;
+    raise DistrecError naming the first bad field."""
+    _check_field_types(cfg)
+    for section in (cfg.data, cfg.model, cfg.train, cfg.parallel, cfg.hotline):
+        section.validate()
+    if cfg.model.tower_module is not None and cfg.parallel.towers is None and cfg.parallel.hosts is None:
+        raise DistrecError("--tower-module needs towers: pass --towers FILE from 'distrec partition' (or --hosts H for H strided towers)")
     check_combination(cfg)
-    if (cfg.parallel.hosts is None) != (cfg.parallel.ranks_per_host is None):
-        raise DistrecError("give both --hosts and --ranks-per-host (or neither, to read them from torchrun)")
-    if cfg.parallel.hosts_per_tower < 1 or cfg.parallel.hosts is not None and cfg.parallel.hosts % cfg.parallel.hosts_per_tower != 0:
-        raise DistrecError(
-            f"--hosts-per-tower {cfg.parallel.hosts_per_tower} must divide --hosts {cfg.parallel.hosts} (towers = hosts / K); change one of them"
-        )
-    if dc.format in ("csv", "parquet") and dc.schema is None and dc.path is not None:
-        raise DistrecError(f"--data-format {dc.format} needs --schema FILE naming the label, dense and categorical columns")
 
 
 def save(cfg: RunConfig, path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
 from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure
+from distrec.cli.flags import FLAGS, add_flags
 from distrec.errors import DistrecError
 
 EXAMPLES = """
@@ -32,40 +33,18 @@ examples:
   distrec train --nproc-per-node 4 --replica-groups 2 --sharding column_wise --out runs/2d   # 2 groups x 2 ranks
 """
 
+RESUMABLE = ("max_steps", "epochs", "eval_every", "timeout_seconds", "tensorboard", "plan", "sharding", "memory_per_rank", "replica_groups")
+"""The config flags (by dest) that ``--resume`` takes: a longer run, a new sharding; any other
+config flag, --config and --preset would change the resumed run, so they are refused."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     add_config_args(train)
     add_data_args(train)
-    train.add_argument("--split", metavar="SPEC", help="holdout: random:VAL[:TEST] or last:VAL[:TEST] (fractions), default random:0.1")
-    train.add_argument("--max-ind-range", type=int, metavar="ROWS", help="rows per hashed table (default 100000)")
-    train.add_argument(
-        "--epochs",
-        type=int,
-        metavar="N",
-        help="passes over the training split (ignored when --max-steps is set; default: until the validation AUC stops improving)",
-    )
-    train.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps in total")
-    train.add_argument("--patience", type=int, metavar="N", help="without --epochs/--max-steps: stop after N evaluations without a better AUC (default 5)")
-    train.add_argument("--batch-size", type=int, metavar="B", help="global mini-batch size in samples (default: from the training rows, 64 to 1024)")
-    train.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the optimizer's; sgd 0.1, adagrad 0.01, adam 0.001)")
-    train.add_argument(
-        "--optimizer",
-        choices=["sgd", "adagrad", "adam"],
-        help="optimizer, embeddings get its sparse, row-wise form (default: adam for the dense layers, row-wise adagrad for the embeddings)",
-    )
-    train.add_argument(
-        "--eval-every", type=int, metavar="N", help="evaluate every N steps and at the end (default: at the end, or 4 times per epoch without a fixed length)"
-    )
-    train.add_argument("--seed", type=int, metavar="S", help="random seed")
+    add_flags(train, "train")
     train.add_argument("--out", metavar="DIR", help="run directory for config, metrics, summary and checkpoint (default runs/<time>)")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR; raise --max-steps or --epochs to train further")
-    train.add_argument(
-        "--tensorboard",
-        action="store_true",
-        default=None,
-        help="also write the metrics, speed and time breakdown as TensorBoard scalars into OUT/tensorboard (pip install 'distrec[tensorboard]')",
-    )
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out (by default an --out that holds files is refused)")
     add_trust_arg(train)
     dist_args = train.add_argument_group("distributed training")
@@ -73,63 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     dist_args.add_argument(
         "--max-restarts", type=int, default=0, metavar="N", help="restart the workers up to N times after a failure, from the last checkpoint (default 0)"
     )
-    dist_args.add_argument(
-        "--timeout-seconds", type=float, metavar="S", help="fail a collective that waits S seconds for a silent rank, naming it (default 600)"
-    )
-    dist_args.add_argument("--plan", metavar="FILE", help="sharding plan JSON (default: a greedy table-wise plan, saved with the run)")
-    dist_args.add_argument(
-        "--sharding", choices=["table_wise", "column_wise", "row_wise", "data_parallel"], help="shard every table this way instead of planning"
-    )
-    dist_args.add_argument("--embeddings", choices=["sharded", "local"], help="sharded tables (default) or an independent full copy per rank")
-    dist_args.add_argument("--memory-per-rank", metavar="SIZE", help="table memory limit per rank for the default planner, e.g. 4GB")
-    dist_args.add_argument("--lookup", choices=["flat", "sptt"], help="embedding exchange: flat all-to-all (default) or DMT's SPTT by host")
-    dist_args.add_argument("--hosts", type=int, metavar="H", help="hosts in the topology (default: from torchrun's environment)")
-    dist_args.add_argument("--ranks-per-host", type=int, metavar="L", help="ranks per host (default: torchrun's LOCAL_WORLD_SIZE)")
-    dist_args.add_argument(
-        "--towers",
-        metavar="JSON",
-        help="with --lookup sptt: tower partition from 'distrec partition', one tower per host (per K hosts with --hosts-per-tower K)",
-    )
-    dist_args.add_argument(
-        "--tower-sharding",
-        choices=["table_wise", "column_wise", "row_wise"],
-        help="with --lookup sptt: split a tower's tables over its host's ranks by table (default), by column or by row (large tables)",
-    )
-    dist_args.add_argument(
-        "--hosts-per-tower", type=int, metavar="K", help="with --lookup sptt: each tower spans K hosts, so there are hosts / K towers (default 1)"
-    )
-    two_d = train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)")
-    two_d.add_argument(
-        "--replica-groups",
-        type=int,
-        metavar="G",
-        help="G groups of N/G consecutive ranks, each with every table sharded by a plan for N/G ranks (default 1: plain sharding)",
-    )
-    two_d.add_argument(
-        "--replica-sync",
-        choices=["exact", "periodic"],
-        help="exact: average the touched rows' gradients across groups every step (default); periodic: average the replicas every --sync-every steps",
-    )
-    two_d.add_argument("--sync-every", type=int, metavar="K", help="with --replica-sync periodic: steps between replica averages (default 10)")
-    two_d.add_argument(
-        "--replica-average",
-        choices=["auto", "all", "touched"],
-        help="with --replica-sync periodic: a row's mean over all groups, or merged from the groups that touched it since the last sync (default auto: touched for Adagrad and Adam, all for SGD)",
-    )
-    dmt = train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)")
-    dmt.add_argument("--tower-module", choices=["dlrm", "dcn"], help="compress each tower's embeddings inside its host before they cross hosts")
-    dmt.add_argument("--compression", type=float, metavar="X", help="floats crossing hosts shrink about X times (picks D; default 4)")
-    dmt.add_argument("--tower-dim", type=int, metavar="D", help="width D of the tower modules' output vectors (instead of --compression)")
-    dmt.add_argument("--tower-c", type=int, metavar="C", help="DLRM tower: outputs of width D per feature (default 1)")
-    dmt.add_argument("--tower-p", type=int, metavar="P", help="DLRM tower: outputs of width D mixing all features (default 1)")
-    hot = train.add_argument_group(
+    add_flags(dist_args, "distributed")
+    add_flags(train.add_argument_group("2D sparse parallelism (shard within groups of ranks, replicate across them)"), "2d")
+    add_flags(train.add_argument_group("DMT tower modules (with --lookup sptt, or in one process)"), "dmt")
+    hotline = train.add_argument_group(
         "Hotline (one process or --nproc-per-node N): hot rows in a fast tier (replicated on every rank), "
         "the rest in a slow tier (in one process on CPU a file on disk, else sharded over the ranks)"
     )
-    hot.add_argument("--hotline", action="store_true", default=None, help="train with Hotline's hot set and micro-batch pipeline")
-    hot.add_argument("--hot-budget", metavar="SIZE", help="fast-tier bytes for hot rows, e.g. 512MB (default 512MB)")
-    hot.add_argument("--sample-rate", type=float, metavar="X", help="fraction of mini-batches the access logger counts (default 0.05)")
-    hot.add_argument("--relearn-every", type=int, metavar="N", help="re-select the hot set every N mini-batches (default 1000)")
+    add_flags(hotline, "hotline")
     train.set_defaults(handler=run)
 
 
@@ -229,28 +159,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.timeout_seconds is not None and not args.timeout_seconds > 0:
         raise DistrecError(f"--timeout-seconds is {args.timeout_seconds}; give a positive number of seconds")
     if args.resume:
-        given = [
-            f
-            for f in (
-                "config",
-                "preset",
-                "data",
-                "data_format",
-                "schema",
-                "split",
-                "max_ind_range",
-                "batch_size",
-                "lr",
-                "optimizer",
-                "seed",
-                "tower_module",
-                "compression",
-                "tower_dim",
-                "tower_c",
-                "tower_p",
-            )
-            if getattr(args, f, None) is not None
-        ]
+        given = [d for d in ("config", "preset", *(f.dest for f in FLAGS)) if d not in RESUMABLE and getattr(args, d, None) is not None]
         if given or args.overrides or args.overwrite or (args.out and Path(args.out) != Path(args.resume)):
             what = "--" + given[0].replace("_", "-") if given else ("--set" if args.overrides else "--overwrite" if args.overwrite else "--out")
             raise DistrecError(
