@@ -25,21 +25,24 @@ def records(run):
 
 def test_no_optimizer_chosen_is_adam_with_row_wise_adagrad_embeddings():
     t = config.load().train
-    assert (t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr) == ("adam", 0.001, "adagrad", config.DEFAULT_SETUP["embedding_lr"])
+    assert (t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr) == (None, None, None, None)  # the config stays as given
+    chosen = config.chosen_optimizers(t)
+    assert (chosen.optimizer, chosen.lr, chosen.embedding_optimizer, chosen.embedding_lr) == ("adam", 0.001, "adagrad", config.DEFAULT_SETUP["embedding_lr"])
 
 
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["train.optimizer=sgd"], ("sgd", 0.1, None, None)),  # as before: one optimizer for everything, at its lr
-        (["train.optimizer=adagrad", "train.lr=0.05"], ("adagrad", 0.05, None, None)),
-        (["train.lr=0.01"], ("adam", 0.01, "adagrad", None)),  # the embeddings take the given lr
-        (["train.embedding_optimizer=sgd"], ("adam", 0.001, "sgd", None)),
+        (["train.optimizer=sgd"], ("sgd", 0.1, "sgd", 0.1)),  # as before: one optimizer for everything, at its lr
+        (["train.optimizer=adagrad", "train.lr=0.05"], ("adagrad", 0.05, "adagrad", 0.05)),
+        (["train.lr=0.01"], ("adam", 0.01, "adagrad", 0.01)),  # the embeddings take the given lr
+        (["train.embedding_optimizer=sgd"], ("adam", 0.001, "sgd", 0.001)),
+        (["train.embedding_lr=0.2"], ("adam", 0.001, "adagrad", 0.2)),
     ],
 )
 def test_a_chosen_optimizer_or_lr_keeps_its_meaning(overrides, expected):
-    t = config.load(None, overrides).train
-    assert (t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr) == expected
+    chosen = config.chosen_optimizers(config.load(None, overrides).train)
+    assert (chosen.optimizer, chosen.lr, chosen.embedding_optimizer, chosen.embedding_lr) == expected
 
 
 @pytest.mark.parametrize("rows, batch", [(900, 64), (3_942, 64), (32_768, 128), (72_000, 256), (300_000, 1024), (45_000_000, 1024)])

@@ -181,9 +181,10 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop. Unset fields take defaults that suit the data: the optimizers when
-    the config loads (``resolve_optimizers``), the batch size and evaluation interval when the
-    trainer knows the rows (``auto_batch_size``, ``auto_eval_every``)."""
+    """The optimisation loop. Unset fields take defaults that suit the data: the optimizers
+    (``chosen_optimizers``), the batch size and evaluation interval once the trainer knows the
+    rows (``auto_batch_size``, ``auto_eval_every``). The config keeps them unset; the run's
+    resolved.json records what was chosen."""
 
     epochs: int | None = None
     """Passes over the training split (ignored when ``max_steps`` is set); unset, with ``max_steps``
@@ -251,8 +252,10 @@ class TrainConfig:
         if self.epochs is not None:
             _check_min("train.epochs", self.epochs, 1)
         _check_min("train.patience", self.patience, 1)
-        if self.lr is None or self.lr <= 0:
-            raise DistrecError(f"train.lr is {self.lr}; it must be positive")
+        for name in ("lr", "embedding_lr"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise DistrecError(f"train.{name} is {value}; it must be positive")
         if self.max_steps is not None:
             _check_min("train.max_steps", self.max_steps, 1)
         for name in (
@@ -284,16 +287,31 @@ EVALS_PER_EPOCH = 4
 """Evaluations per epoch when training until the validation AUC stops improving."""
 
 
-def resolve_optimizers(t: TrainConfig) -> None:
-    """Fill the unset optimizer fields of ``t`` (see TrainConfig) in place."""
-    if t.optimizer is None:
-        t.optimizer = DEFAULT_SETUP["optimizer"]
-        if t.embedding_optimizer is None:
-            t.embedding_optimizer = DEFAULT_SETUP["embedding_optimizer"]
-            if t.embedding_lr is None and t.lr is None:
-                t.embedding_lr = DEFAULT_SETUP["embedding_lr"]
-    if t.lr is None and t.optimizer in DEFAULT_LR:
-        t.lr = DEFAULT_LR[t.optimizer]
+@dataclass(frozen=True)
+class ChosenOptimizers:
+    """The optimizers and learning rates a run trains with (``chosen_optimizers``)."""
+
+    optimizer: Optimizer
+    """Of the dense layers (and DMT's tower modules)."""
+    lr: float
+    embedding_optimizer: Optimizer
+    """Of the embedding rows, in its sparse, row-wise form."""
+    embedding_lr: float
+
+
+def chosen_optimizers(t: TrainConfig) -> ChosenOptimizers:
+    """The fields ``t`` sets, and for the unset ones the defaults ``TrainConfig`` describes;
+    ``t`` itself stays as given (its config file says what the user chose)."""
+    optimizer = t.optimizer or DEFAULT_SETUP["optimizer"]
+    embedding = t.embedding_optimizer or (DEFAULT_SETUP["embedding_optimizer"] if t.optimizer is None else optimizer)
+    lr = t.lr if t.lr is not None else DEFAULT_LR[optimizer]
+    if t.embedding_lr is not None:
+        embedding_lr = t.embedding_lr
+    elif t.optimizer is None and t.embedding_optimizer is None and t.lr is None:
+        embedding_lr = DEFAULT_SETUP["embedding_lr"]
+    else:
+        embedding_lr = lr
+    return ChosenOptimizers(optimizer, lr, embedding, embedding_lr)
 
 
 BATCHES_PER_EPOCH = 256
@@ -460,8 +478,8 @@ class Rule:
 
 
 def embedding_optimizer(cfg: RunConfig) -> str:
-    """The optimizer of the embedding rows: ``train.embedding_optimizer``, else ``train.optimizer``."""
-    return cfg.train.embedding_optimizer or cfg.train.optimizer
+    """The optimizer of the embedding rows (``chosen_optimizers``)."""
+    return chosen_optimizers(cfg.train).embedding_optimizer
 
 
 COMBINATION_RULES: list[Rule] = [
@@ -614,7 +632,6 @@ def from_dict(d: dict) -> RunConfig:
     model = d.get("model") or {}
     preset = model.get("preset") if isinstance(model, dict) else None
     cfg = _from_dict(RunConfig, {k: v for k, v in d.items()})
-    resolve_optimizers(cfg.train)
     if preset is not None:
         # the preset first, then any architecture field the file sets explicitly
         explicit = {k: getattr(cfg.model, k) for k in model if k != "preset"}

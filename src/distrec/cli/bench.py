@@ -74,7 +74,7 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
     """
     import torch
 
-    from distrec.components.optim import make_optimizers
+    from distrec.components.optimization import Optimization
     from distrec.components.step import TrainStep
     from distrec.hotline.training import HotlineTraining
     from distrec.models.build import build_model
@@ -96,7 +96,7 @@ def _throughput(cfg, dataset, tables, rows, steps: int, out: Path) -> dict:
 
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, dataset.num_dense, tables)
-    ordinary = samples_per_s(TrainStep(model, make_optimizers(model, t.optimizer, t.lr, t.embedding_optimizer, t.embedding_lr)))
+    ordinary = samples_per_s(TrainStep(model, Optimization.of(t, steps).optimizers(model)))
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, dataset.num_dense, tables)
     cfg.hotline.relearn_every = steps

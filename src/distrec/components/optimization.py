@@ -14,7 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from distrec.components.optim import make_optimizers
 from distrec.components.schedule import make_schedulers
-from distrec.config import TrainConfig
+from distrec.config import TrainConfig, chosen_optimizers
 from distrec.models.base import RecommendationModel
 
 
@@ -38,13 +38,13 @@ class Optimization:
 
     @classmethod
     def of(cls, t: TrainConfig, total_steps: int) -> Optimization:
-        """The recipe of ``t`` (optimizers resolved) for a run of ``total_steps`` optimizer steps."""
-        assert t.optimizer is not None and t.lr is not None, "resolve_optimizers fills them when a config loads"
+        """The recipe of ``t`` (unset optimizers take their defaults) for a run of ``total_steps`` optimizer steps."""
+        chosen = chosen_optimizers(t)
         return cls(
-            t.optimizer,
-            t.lr,
-            t.embedding_optimizer or t.optimizer,
-            t.embedding_lr if t.embedding_lr is not None else t.lr,
+            chosen.optimizer,
+            chosen.lr,
+            chosen.embedding_optimizer,
+            chosen.embedding_lr,
             t.weight_decay,
             t.embedding_weight_decay,
             t.warmup_steps,
@@ -60,3 +60,10 @@ class Optimization:
     def schedulers(self, optimizers: list[Optimizer]) -> list[LambdaLR]:
         """One schedule per optimizer, stepped once per optimizer step."""
         return make_schedulers(optimizers, self.warmup_steps, self.decay, self.decay_start_step, self.decay_steps)
+
+    def describe(self) -> str:
+        """One line naming the optimizers and learning rates (for a run that left them to distrec)."""
+        return (
+            f"optimizers {self.optimizer} (lr {self.lr:g}) for the dense layers and row-wise {self.embedding_optimizer} "
+            f"(lr {self.embedding_lr:g}) for the embedding rows (--optimizer and --lr to choose)"
+        )

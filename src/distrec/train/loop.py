@@ -1,11 +1,10 @@
 """The training loop: start -> step -> the periodic log, evaluation and checkpoint -> finish.
 
-One loop for every way of training. ``distrec.modes.build_mode`` turns the run's parallel
-spec into a mode, which makes the model, built the same on every rank from the same seed,
-this rank's (``distrec.parallel.mode.parallelize``) and gives the training step; the loop
-never asks which mode it runs. Under ``torchrun`` (or ``distrec train --nproc-per-node``)
-each rank trains on its slice of every global batch; evaluations, checkpoints and the time
-breakdown are collective.
+One loop for every way of training: ``distrec.modes.build_mode`` turns the run's parallel
+spec into a mode, which makes the model (built the same on every rank from the same seed)
+this rank's and gives the training step; the loop never asks which mode it runs. Under
+``torchrun`` each rank trains on its slice of every global batch; evaluations, checkpoints
+and the time breakdown are collective.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class Trainer:
     """Trains one model, on one process or as one rank of a torch.distributed group.
 
     Args:
-        cfg: the run's configuration, as given (what the trainer chooses is ``self.length``
-            and ``self.optimization``, written to ``resolved.json``).
+        cfg: the run's configuration, as given (the trainer's choices: ``length``, ``optimization``).
         out: the run directory (config, metrics, summary, breakdown, plan, checkpoint).
         progress: show progress bars (on rank 0).
         device: default: this rank's accelerator, else the host.
@@ -74,9 +72,11 @@ class Trainer:
         self.tables = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.length, notes = resolve_length(cfg.train, len(self.splits["train"]), len(self.splits.get("val", ())), cfg.data.split)
+        self.optimization = Optimization.of(cfg.train, self.length.total_steps)
+        if cfg.train.optimizer is None or cfg.train.lr is None:
+            notes.append(self.optimization.describe())
         for note in notes if self.rank == 0 else []:
             print(f"distrec: {note}", file=sys.stderr)
-        self.optimization = Optimization.of(cfg.train, self.length.total_steps)
         ctx = RunContext(
             cfg, self.tables, self.dataset.num_dense, self.rank, self.world_size, self.device, self.out, self.length.total_steps, self.timer, self.show_progress
         )
@@ -287,7 +287,7 @@ class Trainer:
         saved = f"the last checkpoint (step {self._saved_step}) is kept" if self._saved_step is not None else "no checkpoint was written"
         raise DistrecError(
             f"the training loss became {float(loss)} at step {self.position.step + 1}; training diverged, lower the learning rate "
-            f"(--lr, now {self.cfg.train.lr}) and retrain; {saved}"
+            f"(--lr, now {self.optimization.lr}) and retrain; {saved}"
         )
 
 
