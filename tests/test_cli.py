@@ -27,6 +27,7 @@ def run_cli(capsys, *argv):
 
 
 ANNOUNCED_RUN = "distrec: writing the run to "  # what a new run says before it starts
+ANNOUNCED_OPTIMIZERS = "distrec: optimizers "  # what a new run without chosen optimizers says first
 
 
 def assert_one_line_error(capsys, argv, *fragments):
@@ -34,7 +35,7 @@ def assert_one_line_error(capsys, argv, *fragments):
     status, _, err = run_cli(capsys, *argv)
     assert status == 2, err
     assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("WARNING", ANNOUNCED_RUN))]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("WARNING", ANNOUNCED_RUN, ANNOUNCED_OPTIMIZERS))]
     assert len(lines) == 1 and lines[0].startswith("distrec: error: "), err
     for fragment in fragments:
         assert fragment in lines[0], lines[0]

@@ -18,8 +18,11 @@ from distrec.cli import main
 from distrec.cli.failures import LAUNCHER_LOGGER, announcing_restarts
 from distrec.components.checkpoint import find_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
-from test_cli import ANNOUNCED_RUN, assert_one_line_error
+from test_cli import ANNOUNCED_OPTIMIZERS, ANNOUNCED_RUN, assert_one_line_error
 
+CHOSEN_OPTIMIZERS = (
+    f"{ANNOUNCED_OPTIMIZERS}adam (lr 0.001) for the dense layers and row-wise adagrad (lr 0.03) for the embedding rows (--optimizer and --lr to choose)"
+)
 TINY = ["--preset", "tiny", "--set", "data.synthetic.rows=600", "--set", "data.synthetic.table_rows=50", "--batch-size", "64", "--no-progress"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -106,9 +109,9 @@ def test_ctrl_c_on_a_two_process_run_is_one_line(tmp_path):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     lines = stderr_lines(stderr)
-    assert len(lines) == 2 and lines[0] == f"{ANNOUNCED_RUN}{out}", stderr  # from rank 0 only
-    assert lines[1].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
-    assert f"continue with 'distrec train --resume {out}'" in lines[1]
+    assert len(lines) == 3 and lines[:2] == [CHOSEN_OPTIMIZERS, f"{ANNOUNCED_RUN}{out}"], stderr  # from rank 0 only
+    assert lines[2].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
+    assert f"continue with 'distrec train --resume {out}'" in lines[2]
 
 
 def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
@@ -119,6 +122,7 @@ def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
     assert proc.returncode == 143
     step = read_meta(find_checkpoint(out))["step"]
     assert stderr_lines(stderr) == [
+        CHOSEN_OPTIMIZERS,
         f"{ANNOUNCED_RUN}{out}",
         f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'",
     ]
@@ -135,6 +139,7 @@ def test_a_run_says_where_it_writes_and_one_process_what_it_ignores(tmp_path):
     assert (run / "summary.json").is_file()
     assert stderr_lines(default.stderr) == [
         "ignored in one process: --sharding (multi-process settings); add --nproc-per-node N to use them",
+        CHOSEN_OPTIMIZERS,
         f"{ANNOUNCED_RUN}{run.relative_to(tmp_path)}",
     ]
 

@@ -9,7 +9,7 @@ import torch
 from distrec.cli import main
 from distrec.errors import DistrecError
 from distrec.train.evaluate import load_trained_model
-from test_cli import ANNOUNCED_RUN
+from test_cli import ANNOUNCED_OPTIMIZERS, ANNOUNCED_RUN
 from tiny_runs import tiny_cli_flags
 
 # 600 synthetic rows (540 train = 9 batches of 64 per epoch), small tables, one thread
@@ -87,7 +87,7 @@ def test_resume_with_nothing_left_to_do_says_so_and_writes_nothing(tmp_path, cap
 
 def test_a_diverging_run_stops_at_the_step_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     code = main(["train", *TINY, "--lr", "1e4", "--max-steps", "50", "--set", "train.checkpoint_every=1", "--out", str(tmp_path / "run")])
-    error = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(ANNOUNCED_RUN)]
+    error = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith((ANNOUNCED_RUN, ANNOUNCED_OPTIMIZERS))]
     assert code == 2 and len(error) == 1 and "training diverged, lower the learning rate" in error[0]
     failed_at = int(error[0].split(" at step ")[1].split(";")[0])
     meta = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())

@@ -72,11 +72,9 @@ class Trainer:
         self.tables = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.length, notes = resolve_length(cfg.train, len(self.splits["train"]), len(self.splits.get("val", ())), cfg.data.split)
-        self.optimization = Optimization.of(cfg.train, self.length.total_steps)
-        if cfg.train.optimizer is None or cfg.train.lr is None:
-            notes.append(self.optimization.describe())
         for note in notes if self.rank == 0 else []:
             print(f"distrec: {note}", file=sys.stderr)
+        self.optimization = Optimization.of(cfg.train, self.length.total_steps)
         ctx = RunContext(
             cfg, self.tables, self.dataset.num_dense, self.rank, self.world_size, self.device, self.out, self.length.total_steps, self.timer, self.show_progress
         )
@@ -155,6 +153,8 @@ class Trainer:
         elif main:
             save_fingerprint(self.out, self.cfg.data)
             shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)  # the best model of a run this one replaces
+            if self.cfg.train.optimizer is None or self.cfg.train.lr is None:
+                print(f"distrec: {self.optimization.describe()}", file=sys.stderr)
             print(f"distrec: writing the run to {self.out}", file=sys.stderr)  # a resume says where it starts instead
         if main:
             resolved = {**dataclasses.asdict(self.length), "optimization": dataclasses.asdict(self.optimization)}
