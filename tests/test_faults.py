@@ -100,6 +100,13 @@ def test_a_binary_cost_data_file_is_refused(workspace, capsys):
     assert f"cost data '{data}' is not text" in message and "name another file" in message
 
 
+def test_a_binary_table_file_is_refused(workspace, capsys):
+    tables = workspace / "tables.yaml"
+    tables.write_bytes(bytes(range(128, 256)) * 8)
+    message = refused(capsys, "plan", "--tables", tables, "--devices", 2, "--memory-per-device", "1MB", "--algorithm", "size-greedy", "-o", "plan.json")
+    assert f"table file '{tables}' is not text" in message
+
+
 @pytest.mark.parametrize("device,problem", [("tpu", "--device tpu is not a torch device type"), ("cuda", "this machine has no cuda device")])
 def test_collect_on_a_device_this_machine_lacks_says_so(workspace, capsys, device, problem):
     if device == "cuda" and torch.cuda.is_available():
