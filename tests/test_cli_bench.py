@@ -14,9 +14,14 @@ def test_bench_hotline_writes_curves_and_json(tmp_path, capsys):
         ]
     )  # fmt: skip
     assert status == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out.strip().splitlines()
     assert sorted(p.name for p in out.iterdir()) == ["hotline-bench.json", "hotline-popularity.png", "hotline-recall.png"]
-    assert json.loads((out / "hotline-bench.json").read_text()) == result
+    result = json.loads((out / "hotline-bench.json").read_text())
+    brief = json.loads(printed[-1])  # a summary line, the whole result in the file
+    assert brief["result"] == str(out / "hotline-bench.json") and len(printed[-1]) < 1000
+    assert brief["popular_fraction_at_hot_budget"] == result["popular_fraction_at_hot_budget"]
+    assert set(brief["recall_by_sample_rate"]) == {"0.5", "1.0"}
+    assert brief["hotline_samples_per_s"] == result["throughput"]["hotline_samples_per_s"]
     curve = result["popularity"]
     assert curve["samples"] == 20 * 64
     assert 4000 in curve["budgets_bytes"]

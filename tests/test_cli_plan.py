@@ -269,7 +269,9 @@ def test_format_torchrec_writes_the_same_plan_as_torchrec_parameter_shardings(ta
     assert ShardingPlan.load(tmp_path / "torchrec.json").to_dict() == ShardingPlan.load(tmp_path / "distrec.json").to_dict()
 
 
-@pytest.mark.parametrize("args", [["--devices", "1"], ["--budget-minutes", "0"]])
-def test_calibrate_refuses_a_single_device_or_no_budget_before_measuring(tmp_path, capsys, args):
-    assert "calibrate needs --devices of at least 2" in user_error(capsys, "calibrate", *args, "--out", tmp_path / "cal")
+@pytest.mark.parametrize(
+    "args,message", [(["--devices", "1"], "give world sizes of at least 2"), (["--budget-minutes", "0"], "give a positive number of minutes")]
+)
+def test_calibrate_refuses_a_single_device_or_no_budget_before_measuring(tmp_path, capsys, args, message):
+    assert message in user_error(capsys, "calibrate", *args, "--out", tmp_path / "cal")
     assert not (tmp_path / "cal").exists()

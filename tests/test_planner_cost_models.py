@@ -29,7 +29,7 @@ def write_synthetic_costs(path, compute_samples=200, comm_samples=200, seed=0):
         dims = rng.integers(0, 600, size=2)
         delays = rng.uniform(0, 20, size=2)
         delays -= delays.min()
-        bw = 0.004 * dims.sum() + rng.normal(0, 0.05, size=2)
+        bw = np.maximum(0.004 * dims.sum() + rng.normal(0, 0.05, size=2), 0.0)  # measured times are never negative
         fw = bw + delays.max() - delays
         lines.append(
             {

@@ -35,11 +35,23 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
         depths = [d + (label in clashing) for d, label in zip(depths, labels)]
 
 
-def check_runs(run_dirs: list[Path]) -> None:
-    """DistrecError naming the first directory with neither ``breakdown.json`` nor ``metrics.jsonl``."""
-    for d in run_dirs:
-        if not (Path(d) / BREAKDOWN_FILE).is_file() and not (Path(d) / METRICS_FILE).is_file():
+def check_runs(run_dirs: list[Path]) -> list[Path]:
+    """DistrecError naming the first directory with nothing to plot: neither ``breakdown.json``
+    nor a ``metrics.jsonl`` with a training loss or validation AUC. Returns the runs with a
+    breakdown whose metrics log draws no curve (empty, or only other records so far)."""
+    without_curves = []
+    for d in map(Path, run_dirs):
+        has_breakdown, has_metrics = (d / BREAKDOWN_FILE).is_file(), (d / METRICS_FILE).is_file()
+        if not has_breakdown and not has_metrics:
             raise DistrecError(f"{str(d)!r} holds neither {BREAKDOWN_FILE} nor {METRICS_FILE}; pass the --out directory of a 'distrec train' run")
+        if has_metrics and not any(curve_points(d).values()):
+            if not has_breakdown:
+                raise DistrecError(
+                    f"{str(d / METRICS_FILE)!r} holds no training loss or validation AUC and {str(d)!r} no {BREAKDOWN_FILE}, so nothing to plot; "
+                    "pass a run that has logged a step"
+                )
+            without_curves.append(d)
+    return without_curves
 
 
 def breakdown_figure(run_dirs: list[Path], statistic: str = "median_ms") -> Figure | None:
@@ -67,27 +79,37 @@ def breakdown_figure(run_dirs: list[Path], statistic: str = "median_ms") -> Figu
     return fig
 
 
+CURVES = (("train", "loss"), ("val", "auc"))  # (split, key) of the records each panel draws
+
+
+def curve_points(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The (step, value) points of each curve (``loss``, ``auc``) in a run's metrics log; none without one."""
+    path = Path(run_dir) / METRICS_FILE
+    records = _records(path) if path.is_file() else []
+    return {key: [(r["step"], r[key]) for r in records if r.get("split") == split and key in r and "step" in r] for split, key in CURVES}
+
+
 def curves_figure(run_dirs: list[Path]) -> Figure | None:
-    """Training loss and validation AUC over steps, one line per run holding ``metrics.jsonl``
-    (left and right axes); None when no run has one."""
+    """Training loss and validation AUC over steps, one line per run whose ``metrics.jsonl``
+    holds either (left and right axes); None when no run's does."""
     labels = dict(zip(map(Path, run_dirs), run_labels(run_dirs)))
-    runs = [(labels[d], _records(d / METRICS_FILE)) for d in labels if (d / METRICS_FILE).is_file()]
+    runs = [(labels[d], points) for d in labels if any((points := curve_points(d)).values())]
     if not runs:
         return None
     plt = pyplot()
     fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(12.0, 4.5))
     colors = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
-    for i, (label, records) in enumerate(runs):
-        for ax, split, key in ((loss_ax, "train", "loss"), (auc_ax, "val", "auc")):
-            points = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
-            if points:
-                ax.plot(*zip(*points), label=label, color=colors(i % colors.N), marker="o" if len(points) < 20 else None, markersize=3)
+    for i, (label, points) in enumerate(runs):
+        for ax, (_, key) in zip((loss_ax, auc_ax), CURVES):
+            if points[key]:
+                ax.plot(*zip(*points[key]), label=label, color=colors(i % colors.N), marker="o" if len(points[key]) < 20 else None, markersize=3)
     for ax, title, ylabel in ((loss_ax, "Training loss", "loss"), (auc_ax, "Validation AUC", "AUC")):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    auc_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    lines = {line.get_label(): line for ax in (loss_ax, auc_ax) for line in ax.get_lines()}  # one entry per run, from either panel
+    auc_ax.legend(list(lines.values()), list(lines), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 

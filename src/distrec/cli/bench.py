@@ -20,7 +20,8 @@ examples:
 
 It writes hotline-popularity.png (popular inputs and lookups served hot versus the hot
 budget), hotline-recall.png (the access logger's recall of the top rows versus its memory
-and sample rate) and hotline-bench.json into --out, and prints the JSON as its last line.
+and sample rate) and hotline-bench.json (every figure) into --out, and prints a summary as
+one JSON line: the fractions at the hot budget, the recall and the throughputs.
 """
 
 DEFAULT_BUDGET_POINTS = 12  # budgets from 1/1000 of the rows the stream touches to all of them, log-spaced
@@ -126,8 +127,9 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
         raise DistrecError("--batches must be at least 1 and --train-steps 0 or more")
     if not args.sample_rates or not all(0 < r <= 1 for r in args.sample_rates):
         raise DistrecError("--sample-rates must be fractions in (0, 1], e.g. 0.05,0.25,1")
+    if args.top_k is not None and args.top_k < 1:
+        raise DistrecError(f"--top-k {args.top_k} asks for no rows; give at least 1")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     dataset = Dataset(prepare(cfg.data, progress=not args.no_progress), cfg.data)
     rows = dataset.split(cfg.data.split, seed=cfg.train.seed)["train"]
     if cfg.train.batch_size is None:
@@ -138,6 +140,10 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     row_bytes = hot_row_bytes(dim, row_state_floats(embedding_optimizer(cfg), dim))
     table_bytes = space.total_rows * row_bytes
     hot_budget = parse_bytes(cfg.hotline.hot_budget, "hotline.hot_budget")
+    if hot_budget < row_bytes:
+        raise DistrecError(
+            f"a hot budget of {hot_budget} bytes (--hot-budget, hotline.hot_budget) holds no row of {row_bytes} bytes; give --hot-budget {row_bytes}B or more, e.g. 1MB"
+        )
     h = cfg.hotline
     stream = list(dataset.batches(rows, cfg.train.batch_size, shuffle=True, seed=cfg.train.seed))[: args.batches]
     if not stream:
@@ -153,11 +159,13 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
     logger = AccessLogger(logger_bytes, h.sample_rate, seed=cfg.train.seed, total_rows=space.total_rows)
     curve = popularity_curve(stream, space, row_bytes, budgets, logger)
+    out.mkdir(parents=True, exist_ok=True)
     title = f"{cfg.data.format}: {len(stream)} batches of {cfg.train.batch_size}, logger sample rate {h.sample_rate:g}"
     plot_popularity(curve, out / "hotline-popularity.png", title)
 
     k = args.top_k or default_top_k(ids, hot_rows)
-    capacities = sorted({logger_bytes, *(max(1, int(logger_bytes_for(k) * f)) for f in LOGGER_SIZE_FACTORS)})
+    smallest = logger_bytes_for(1)  # a logger of fewer bytes holds no set of entries
+    capacities = sorted({logger_bytes, *(max(smallest, int(logger_bytes_for(k) * f)) for f in LOGGER_SIZE_FACTORS)})
     recall = measure_recall(ids, space.total_rows, [k], capacities, args.sample_rates, seed=cfg.train.seed)
     plot_recall(recall, out / "hotline-recall.png", f"{cfg.data.format}: access logger recall", {"default": logger.nbytes})
 
@@ -172,10 +180,27 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
         "hot_lookup_fraction_at_hot_budget": curve["exact"]["hot_lookup_fraction"][budgets.index(hot_budget)],
         "popularity": curve,
         "recall_top_k": k,
+        "logger_bytes": logger_bytes,
         "recall": recall,
     }
     if args.train_steps:
         result["throughput"] = _throughput(cfg, dataset, tables, rows, args.train_steps, out)
     atomic_write_json(out / "hotline-bench.json", result)
-    print(json.dumps(result))
+    print(json.dumps(summary(result, out / "hotline-bench.json")))
     return 0
+
+
+SUMMARY_KEYS = ("data", "table_rows", "hot_budget_bytes", "popular_fraction_at_hot_budget", "hot_lookup_fraction_at_hot_budget", "recall_top_k")
+
+
+def summary(result: dict, path: Path) -> dict:
+    """The few figures of a ``bench hotline`` result that the command prints, with the path
+    of the file holding all of them: the popular and hot-lookup fractions at the hot budget,
+    the recall of the top rows by a logger of the run's size at each sample rate and, when
+    measured, both throughputs."""
+    recall = {str(r["sample_rate"]): r["recall"] for r in result["recall"] if r["capacity_bytes"] == result["logger_bytes"]}
+    brief = {"result": str(path), **{k: result[k] for k in SUMMARY_KEYS}, "logger_bytes": result["logger_bytes"], "recall_by_sample_rate": recall}
+    if "throughput" in result:
+        t = result["throughput"]
+        brief.update(ordinary_samples_per_s=t["ordinary_samples_per_s"], hotline_samples_per_s=t["hotline_samples_per_s"])
+    return brief

@@ -162,10 +162,12 @@ def _tables(args: argparse.Namespace):
 def run_collect(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.errors import DistrecError
     from distrec.planner import run_collect as collect
+    from distrec.planner.collect import check_measurement
     from distrec.planner.store import COST_DATA_FILE, planner_dir
 
     if min(args.devices) < 2 or min(args.compute_samples, args.comm_samples) < 0:
         raise DistrecError("collect needs --devices of at least 2 and sample counts >= 0")
+    check_measurement(args.batch_size, args.devices, args.seed, args.device)  # every world size's, before the first is measured
     out = planner_dir(args.out) / COST_DATA_FILE
     for devices in args.devices:
         collect(
@@ -199,12 +201,9 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 def run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     import time
 
-    from distrec.errors import DistrecError
     from distrec.planner.calibrate import calibrate, describe_errors
     from distrec.planner.store import COST_MODELS_FILE, planner_dir
 
-    if min(args.devices) < 2 or args.budget_minutes <= 0:
-        raise DistrecError("calibrate needs --devices of at least 2 and a positive --budget-minutes")
     start = time.perf_counter()
     out = planner_dir(args.out)
     models, counts = calibrate(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from distrec.cli.args import EXAMPLES_FORMAT
@@ -39,9 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.figures import save_figure
     from distrec.report import breakdown_figure, check_runs, curves_figure
+    from distrec.train.run import METRICS_FILE
 
     runs = [Path(r) for r in args.runs]
-    check_runs(runs)
+    for run_dir in check_runs(runs):
+        print(
+            f"distrec: warning: {str(run_dir / METRICS_FILE)!r} holds no training loss or validation AUC yet; {str(run_dir)!r} gets a bar but no curve",
+            file=sys.stderr,
+        )
     if args.output:
         breakdown = Path(args.output)
         curves = breakdown.with_name(f"{breakdown.stem}-curves.png")

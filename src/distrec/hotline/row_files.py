@@ -18,6 +18,7 @@ The writer is ``TwoTierStore.save``, which tracks what changed since its base.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -92,6 +93,27 @@ def write_rows(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray])
         raise ValueError(f"{written} rows written to {str(path)!r}, expected {shape[0]}")
 
 
+def check_size(path: Path, size: int, expected: int) -> None:
+    """DistrecError unless the rows file ``path`` has the ``expected`` bytes a map of it covers:
+    a shorter file would end the process with SIGBUS ("Bus error") at the first row read past its end."""
+    if size != expected:
+        raise DistrecError(
+            f"the embedding rows file {str(path)!r} has {size} bytes, expected {expected}; it was cut short or changed after it was written: "
+            "resume from another checkpoint or retrain"
+        )
+
+
+def map_npy(path: Path) -> np.memmap:
+    """The array of the ``.npy`` file ``path`` mapped read-only, after checking that the file
+    holds every byte its header describes (``check_size``)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = header(f)
+        check_size(path, os.fstat(f.fileno()).st_size, f.tell() + math.prod(shape) * dtype.itemsize)
+        return np.memmap(f, dtype, "r", f.tell(), shape, "F" if fortran_order else "C")
+
+
 class SavedRows:
     """The rows a checkpoint directory holds, read a range at a time or mapped whole (memory stays bounded).
 
@@ -106,12 +128,12 @@ class SavedRows:
         self.base_path = directory / BASE_FILE
         damaged = f"the embedding rows in {str(directory)!r} are damaged; resume from another checkpoint"
         try:
-            self.base = np.load(self.base_path, mmap_mode="r")
+            self.base = map_npy(self.base_path)
             if self.base.ndim != 2 or self.base.dtype != np.float32:
                 raise DistrecError(damaged)
             if (directory / CHANGED_IDS_FILE).is_file():
                 self.changed_ids = np.load(directory / CHANGED_IDS_FILE)
-                self.changed = np.load(directory / CHANGED_FILE, mmap_mode="r")
+                self.changed = map_npy(directory / CHANGED_FILE)
             else:
                 self.changed_ids = np.empty(0, np.int64)
                 self.changed = np.empty((0, self.base.shape[1]), np.float32)
@@ -143,6 +165,7 @@ class SavedRows:
         width = self.base.shape[1] if width is None else width
         try:
             with open(self.base_path, "rb") as f:  # not np.load(mmap_mode="c"): its map reserves the table's size of memory
+                check_size(self.base_path, os.fstat(f.fileno()).st_size, self.base.offset + self.base.nbytes)  # opened anew: it may have changed
                 private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             raise DistrecError(f"cannot map the embedding rows in {str(self.base_path)!r} ({e}); free memory or address space and retry") from None

@@ -11,7 +11,7 @@ from distrec.planner.emit import build_plan, device_tables, whole_tables
 from distrec.planner.heuristics import HEURISTICS, heuristic_placement
 from distrec.planner.search import NeuroShardSearch, SearchOptions, check_feasible
 from distrec.planner.torchrec_planner import require_torchrec, torchrec_plan
-from distrec.planner.types import PlanConstraints, TableSpec
+from distrec.planner.types import PlanConstraints, TableSpec, check_seed
 
 ALGORITHMS = ("neuroshard", *HEURISTICS, "torchrec")
 
@@ -21,9 +21,12 @@ def parse_constraints(pins: list[str] | None = None, no_split: list[str] | None 
     parsed = {}
     for item in pins or []:
         name, sep, rank = item.partition("=")
+        name = name.strip()
         if not sep or not name or not rank.strip().isdigit():
             raise DistrecError(f"pin {item!r} must look like table=rank, e.g. user_id=0")
-        parsed[name.strip()] = int(rank)
+        if name in parsed:
+            raise DistrecError(f"table {name!r} is pinned twice (--pin {name}={parsed[name]} and --pin {item}); pin each table once")
+        parsed[name] = int(rank)
     return PlanConstraints(parsed, frozenset(no_split or []))
 
 
@@ -105,6 +108,7 @@ def plan_tables(
         raise DistrecError(f"unknown planning algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
     if devices < 1 or memory_per_device < 1:
         raise DistrecError(f"need at least 1 device and 1 byte per device, got {devices} devices of {memory_per_device} bytes")
+    check_seed(seed)
     names = [t.name for t in tables]
     if not tables or len(set(names)) != len(names):
         raise DistrecError("the planner needs a non-empty list of tables with unique names")

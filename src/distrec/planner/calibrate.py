@@ -22,6 +22,7 @@ id), so a calibration is resumable and its data can be extended by ``collect``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from distrec.errors import DistrecError
-from distrec.planner.collect import comm_sample_inputs, compute_sample_tables, done_sample_ids, run_collect
+from distrec.planner.collect import check_measurement, comm_sample_inputs, compute_sample_tables, done_sample_ids, run_collect
 from distrec.planner.cost_models import CostModels, train_cost_models
 from distrec.planner.table_pool import make_table_pool
-from distrec.planner.workload import default_device
 
 PILOT_COMPUTE = 12
 PILOT_COMM = (4, 12)  # two all-to-all runs per world size: 12 - 4 samples price one sample
@@ -82,16 +82,17 @@ def sample_counts(budget_s: float, costs: SampleCosts, spent_s: float = 0.0) -> 
     compute = int(collect_s / 2 / costs.compute_s)
     share = collect_s / 2 / len(world_sizes)
     comm = {d: int((share - 2 * costs.comm_start_s[d]) / costs.comm_s[d]) for d in world_sizes}  # two runs: random, then chosen
-    short = [f"{compute} compute"] if compute < MIN_COMPUTE else []
+    short = [f"{max(compute, 0)} compute"] if compute < MIN_COMPUTE else []
     short += [f"{max(n, 0)} all-to-all ({d} devices)" for d, n in comm.items() if n < MIN_COMM]
     if short:
         per_sample = [2 * MIN_COMPUTE * costs.compute_s] + [
             len(world_sizes) * 2 * (MIN_COMM * costs.comm_s[d] + 2 * costs.comm_start_s[d]) for d in world_sizes
         ]
         needed = (spent_s + max(per_sample)) / (1 - TRAIN_SHARE)
+        bought = "is too small for one sample here" if max(compute, *comm.values()) < 1 else f"buys only {', '.join(short)} samples here"
         raise DistrecError(
-            f"a budget of {budget_s / 60:.1f} min buys only {', '.join(short)} samples here; "
-            f"give --budget-minutes {np.ceil(needed / 60):.0f} or more (the samples measured so far are kept)"
+            f"a budget of {budget_s / 60:.2g} min {bought}; give --budget-minutes {np.ceil(needed / 60):.0f} or more, for the {MIN_COMPUTE} compute "
+            f"and {MIN_COMM} all-to-all samples per world size the models need (the samples measured so far are kept)"
         )
     spent = compute * costs.compute_s + sum(n * costs.comm_s[d] + 2 * costs.comm_start_s[d] for d, n in comm.items())
     return SampleCounts(compute, comm, spent, train_s)
@@ -149,9 +150,13 @@ def calibrate(
     """
     from distrec.planner.store import COST_DATA_FILE, COST_MODELS_FILE
 
+    if min(devices) < 2:
+        raise DistrecError(f"calibrate plans for --devices {' '.join(map(str, devices))}; give world sizes of at least 2")
+    if not 0 < budget_minutes < math.inf:
+        raise DistrecError(f"--budget-minutes {budget_minutes} is not a time to spend; give a positive number of minutes, e.g. 15")
+    dev = check_measurement(batch_size, devices, seed, device).type
     start = time.perf_counter()
     data = out_dir / COST_DATA_FILE
-    dev = device or default_device().type
 
     def collect(compute, comm, d):
         run_collect(data, compute, comm, d, batch_size=batch_size, seed=seed, max_dim=max_dim, device=dev, progress=progress)

@@ -16,6 +16,7 @@ Every run first appends a line describing the hardware (``kind: hardware``).
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 import time
@@ -30,10 +31,11 @@ from tqdm import tqdm
 
 from distrec.allocator import keep_freed_memory
 from distrec.errors import DistrecError
+from distrec.planner.cost_models import cost_data_lines
 from distrec.planner.launch import intra_op_threads, spawn_group
 from distrec.planner.table_pool import DEFAULT_ROW_SCALE, TablePool, dimension_choices, make_table_pool, table_count_range
-from distrec.planner.types import BYTES_PER_FLOAT, TableSpec
-from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, compute_ms, default_device
+from distrec.planner.types import BYTES_PER_FLOAT, TableSpec, check_seed
+from distrec.planner.workload import THREADS_PER_DEVICE, LookupWorkload, communication_step, compute_ms, measurement_device
 
 _COMPUTE, _COMM = 0, 1  # first words of the per-sample seeds
 DELAY_SPREAD_DECADES = 3.0  # comm samples' delay spreads range from max_delay_ms / 1000 to max_delay_ms
@@ -58,17 +60,31 @@ def hardware_description(device: torch.device, world_sizes: list[int]) -> dict:
     }
 
 
+def check_measurement(batch_size: int, world_sizes: Sequence[int], seed: int, device: str | torch.device | None) -> torch.device:
+    """The device the micro-benchmarks of ``world_sizes`` run on; DistrecError, before anything
+    is measured or written, for a batch size, seed or device they cannot use."""
+    check_seed(seed)
+    multiple = math.lcm(*world_sizes)
+    if batch_size < 1 or batch_size % multiple:
+        raise DistrecError(
+            f"--batch-size {batch_size} is not a positive multiple of {multiple} (a batch splits evenly over {' and '.join(map(str, world_sizes))} devices); "
+            f"give e.g. --batch-size {multiple * max(1, 4096 // multiple)}"
+        )
+    return measurement_device(device)
+
+
 def done_sample_ids(path: Path) -> set[str]:
-    """Ids of the samples already in a collect file (an unfinished last line is dropped)."""
+    """Ids of the samples already in a collect file (an unfinished last line is dropped);
+    DistrecError if it is not text."""
     if not path.is_file():
         return set()
     ids = set()
-    for line in path.read_text().splitlines():
+    for line in cost_data_lines(path):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if "id" in rec:
+        if isinstance(rec, dict) and "id" in rec:
             ids.add(rec["id"])
     return ids
 
@@ -184,13 +200,11 @@ def run_collect(
     Returns:
         The output path.
     """
-    if batch_size % devices:
-        raise DistrecError(f"batch size {batch_size} is not divisible by {devices} devices; choose a multiple")
+    dev = check_measurement(batch_size, [devices], seed, device)
     out = Path(out_path)
+    done = done_sample_ids(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _repair_tail(out)
-    dev = torch.device(device) if device is not None else default_device()
-    done = done_sample_ids(out)
     _append(out, {"kind": "hardware", **hardware_description(dev, [devices])})
     show = progress and sys.stderr.isatty()
     pool = make_table_pool(pool_seed, row_scale=row_scale)

@@ -55,9 +55,11 @@ from distrec.errors import DistrecError
 from distrec.io import atomic_write_bytes
 from distrec.planner.features import TABLE_FEATURE_NAMES, feature_matrix
 from distrec.planner.launch import intra_op_threads
-from distrec.planner.types import TableSpec
+from distrec.planner.types import TableSpec, check_seed
 
 COST_MODEL_FORMAT = 5
+SAVED_PARTS = ("batch_size", "hardware", "metrics", "compute_members", "compute", "comm")
+"""What ``CostModels.save`` writes besides the format stamp, feature names and compute head."""
 TABLE_MLP = (128, 32)
 ENSEMBLE_SIZE = 5
 COMM_MLP = (128, 64, 32, 16)
@@ -287,18 +289,25 @@ class CostModels:
             raise DistrecError(
                 f"cost models {str(p)!r} have another format than this distrec ({COST_MODEL_FORMAT}); retrain them with 'distrec plan train-cost-models'"
             )
+        retrain = "retrain them with 'distrec plan train-cost-models'"
+        missing = [k for k in SAVED_PARTS if k not in state]
+        if missing:
+            raise DistrecError(f"cost models {str(p)!r} lack {', '.join(missing)}; {retrain}")
         head = state.get("compute_head", "monotone")
         if head not in COMPUTE_HEADS:
             raise DistrecError(f"cost models {str(p)!r} have an unknown compute head {head!r}; retrain them")
-        compute = ComputeEnsemble([ComputeCostNet(head=head) for _ in range(int(state["compute_members"]))])
-        compute.load_state_dict(state["compute"])
-        comm = {}
-        for d, (fw_state, bw_state) in state["comm"].items():
-            fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
-            fw.load_state_dict(fw_state)
-            bw.load_state_dict(bw_state)
-            comm[int(d)] = (fw, bw)
-        return cls(compute.eval(), comm, int(state["batch_size"]), json.loads(state["hardware"]), json.loads(state["metrics"]))
+        try:
+            compute = ComputeEnsemble([ComputeCostNet(head=head) for _ in range(int(state["compute_members"]))])
+            compute.load_state_dict(state["compute"])
+            comm = {}
+            for d, (fw_state, bw_state) in state["comm"].items():
+                fw, bw = CommCostNet.forward_model(), CommCostNet.backward_model()
+                fw.load_state_dict(fw_state)
+                bw.load_state_dict(bw_state)
+                comm[int(d)] = (fw, bw)
+            return cls(compute.eval(), comm, int(state["batch_size"]), json.loads(state["hardware"]), json.loads(state["metrics"]))
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:  # load_state_dict: RuntimeError
+            raise DistrecError(f"cost models {str(p)!r} are damaged: their weights do not load ({type(e).__name__}); {retrain}") from None
 
     def predictor(self, num_devices: int) -> CostPredictor:
         """Fast NumPy predictions for ``num_devices`` devices (what the search calls)."""
@@ -510,37 +519,95 @@ def evaluate(net: nn.Module, data: _ComputeData | _CommData, seed: int) -> dict[
 
 
 HARDWARE_KEYS = ("torch", "cpu", "device_type", "device_name")
+MAX_SAMPLE_MS = 3_600_000.0
+"""The longest time (ms) a cost record may hold: an hour, far beyond any micro-benchmark step."""
+SAMPLE_KEYS = {
+    "compute": ("id", "batch_size", "tables", "ms"),
+    "comm": ("id", "world_size", "batch_size", "dim_sums", "delays_ms", "fw_ms", "bw_ms"),
+}
 
 
 def read_cost_samples(paths: list[str | Path]) -> tuple[list[dict], list[dict], dict]:
     """The compute and comm records of ``distrec plan collect`` JSONL files, and their hardware.
 
-    Raises DistrecError if the files were measured on different hardware.
+    Raises DistrecError naming the file and line of a record that is not one, or holds a
+    time that is not a finite number of ms from 0 to ``MAX_SAMPLE_MS``, and if the files
+    were measured on different hardware.
     """
     compute, comm, hardware, world_sizes = [], [], None, set()
     for path in paths:
         p = Path(path)
-        if not p.is_file():
-            raise DistrecError(f"cost data {str(p)!r} not found; produce it with 'distrec plan collect'")
-        for line_no, line in enumerate(p.read_text().splitlines(), 1):
+        for line_no, line in enumerate(cost_data_lines(p), 1):
             if not line.strip():
                 continue
+            where = f"cost data {str(p)!r} line {line_no}"
             try:
                 rec = json.loads(line)
                 kind = rec["kind"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise DistrecError(f"{str(p)!r} line {line_no} is not a cost record; delete the line or re-collect") from None
+                raise DistrecError(f"{where} is not a cost record; delete the line or re-collect") from None
             if kind == "hardware":
                 described = {k: rec.get(k) for k in HARDWARE_KEYS}
                 if hardware is not None and described != hardware:
                     raise DistrecError(f"{str(p)!r} was measured on {described}, other data on {hardware}; train on one machine's data")
                 hardware = described
                 world_sizes.update(rec.get("world_sizes", []))
-            elif kind == "compute":
-                compute.append(rec)
-            elif kind == "comm":
-                comm.append(rec)
+            elif kind in SAMPLE_KEYS:
+                check_cost_sample(rec, where)
+                (compute if kind == "compute" else comm).append(rec)
     return compute, comm, {**(hardware or {}), "world_sizes": sorted(world_sizes)}
+
+
+def cost_data_lines(path: Path) -> list[str]:
+    """The lines of a cost data file; DistrecError if it is missing or not text."""
+    if not path.is_file():
+        raise DistrecError(f"cost data {str(path)!r} not found; produce it with 'distrec plan collect'")
+    try:
+        return path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DistrecError(
+            f"cost data {str(path)!r} is not text (byte {e.start} is not UTF-8), so not the JSON lines 'distrec plan collect' writes; move it away or name another file"
+        ) from None
+
+
+def check_cost_sample(rec: dict, where: str) -> None:
+    """DistrecError naming ``where`` unless a compute or comm record holds every field
+    training reads, of the right kind, and only plausible times."""
+    fix = "delete the line or re-collect"
+    kind = rec["kind"]
+    missing = [k for k in SAMPLE_KEYS[kind] if k not in rec]
+    if missing:
+        raise DistrecError(f"{where} is a {kind} record without {', '.join(missing)}; {fix}")
+    if not _is_count(rec["batch_size"], 1):
+        raise DistrecError(f"{where} has batch_size {rec['batch_size']!r}; it must be a positive integer: {fix}")
+    if kind == "compute":
+        if not isinstance(rec["tables"], list) or not rec["tables"]:
+            raise DistrecError(f"{where} has no list of tables; {fix}")
+        for k, table in enumerate(rec["tables"]):
+            try:
+                TableSpec.from_dict(table, f"table {k}")
+            except DistrecError as e:
+                raise DistrecError(f"{where}: {e}") from None
+        times = {"ms": [rec["ms"]]}
+    else:
+        devices = rec["world_size"]
+        if not _is_count(devices, 1):
+            raise DistrecError(f"{where} has world_size {devices!r}; it must be a positive integer: {fix}")
+        for key in ("dim_sums", "delays_ms", "fw_ms", "bw_ms"):
+            if not isinstance(rec[key], list) or len(rec[key]) != devices:
+                raise DistrecError(f"{where} has {key} {rec[key]!r}; it must list one value per device ({devices}): {fix}")
+        if not all(_is_count(d, 0) for d in rec["dim_sums"]):
+            raise DistrecError(f"{where} has dim_sums {rec['dim_sums']!r}; they must be integers >= 0: {fix}")
+        times = {key: rec[key] for key in ("delays_ms", "fw_ms", "bw_ms")}
+    for key, values in times.items():
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SAMPLE_MS:
+                raise DistrecError(f"{where} has {key} {value!r}; a measured time must be a number of ms from 0 to {MAX_SAMPLE_MS:.0f}: {fix}")
+
+
+def _is_count(value: object, minimum: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def train_cost_models(
@@ -564,6 +631,7 @@ def train_cost_models(
         compute_head: ``mlp`` (the default: the paper's MLP after the sum) or ``monotone``
             (additive over tables); see the module doc.
     """
+    check_seed(seed)
     paths = [data_paths] if isinstance(data_paths, (str, Path)) else list(data_paths)
     compute_recs, comm_recs, hardware = read_cost_samples(paths)
     if not compute_recs:

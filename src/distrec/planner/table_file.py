@@ -29,7 +29,9 @@ def load_table_specs(path: str | Path) -> list[TableSpec]:
     if not p.is_file():
         raise DistrecError(f"table file {str(p)!r} not found; check the --tables path")
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.safe_load(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DistrecError(f"table file {str(p)!r} is not text (byte {e.start} is not UTF-8); give a YAML/JSON list of tables") from None
     except yaml.YAMLError as e:
         raise DistrecError(f"table file {str(p)!r} is not valid YAML/JSON ({str(e).splitlines()[0]}); fix its syntax") from None
     entries = doc.get("tables") if isinstance(doc, dict) else doc

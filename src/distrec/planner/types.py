@@ -20,6 +20,12 @@ MIN_SHARD_DIM = 4
 BYTES_PER_FLOAT = 4
 
 
+def check_seed(seed: int) -> None:
+    """DistrecError for a seed NumPy's generators refuse (a negative one)."""
+    if seed < 0:
+        raise DistrecError(f"--seed {seed} is negative; give a seed of 0 or more")
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One embedding table as the planner sees it: its shape and how it is accessed.

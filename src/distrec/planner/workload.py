@@ -30,6 +30,27 @@ def default_device() -> torch.device:
     return torch.accelerator.current_accelerator() or torch.device("cpu")
 
 
+def measurement_device(name: str | torch.device | None) -> torch.device:
+    """The device ``name`` (default: ``default_device()``) if this machine has one; DistrecError
+    saying which devices it has otherwise.
+
+    Example:
+        >>> measurement_device("cpu")
+        device(type='cpu')
+    """
+    if name is None:
+        return default_device()
+    here = sorted({"cpu", default_device().type})
+    fix = f"use --device {' or '.join(here)}, or leave --device out"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DistrecError(f"--device {name} is not a torch device type; {fix}") from None
+    if device.type not in here:
+        raise DistrecError(f"--device {name}: this machine has no {device.type} device; {fix}")
+    return device
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on ``device`` (no-op on the CPU)."""
     if device.type != "cpu":

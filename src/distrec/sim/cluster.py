@@ -131,6 +131,8 @@ class Cluster:
             if hardware not in HARDWARE:
                 raise DistrecError(f"unknown hardware {hardware!r}; choose one of: {', '.join(HARDWARE)}")
             hardware = HARDWARE[hardware]
+        if num_gpus < 1 or gpus_per_host < 1:
+            raise DistrecError(f"a cluster of {num_gpus} GPUs in hosts of {gpus_per_host} is invalid; give positive numbers of GPUs and of GPUs per host")
         if num_gpus % gpus_per_host != 0:
             raise DistrecError(f"{num_gpus} GPUs do not fill hosts of {gpus_per_host}; use a multiple of {gpus_per_host}")
         return cls(

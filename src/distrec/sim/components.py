@@ -126,8 +126,8 @@ def index_exchange(workload: Workload, cluster: Cluster, groups: Groups) -> Traf
 
 def embedding_exchange(workload: Workload, cluster: Cluster, groups: Groups, lookup: Lookup = "flat", compression: float = 1.0) -> Traffic:
     """Pooled embeddings forward and their gradients backward within the group."""
-    if compression <= 0:
-        raise DistrecError(f"compression {compression} must be positive")
+    if not 0 < compression < math.inf:
+        raise DistrecError(f"compression {compression} is invalid; give a positive finite ratio, e.g. 4")
     w, c, size = workload, cluster, groups.size
     row_bytes = w.local_batch * w.num_features / size * w.embedding_dim * w.bytes_per_float
     if lookup == "flat":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from distrec.errors import DistrecError
@@ -49,8 +50,8 @@ class Workload:
         positive = ("local_batch", "num_features", "embedding_dim", "bytes_per_float", "bytes_per_index")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "table_rows" and (value < 0 or (f.name in positive and value == 0)):
-                raise DistrecError(f"workload {f.name} = {value} is invalid; use a {'positive' if f.name in positive else 'non-negative'} value")
+            if f.name != "table_rows" and not (0 < value < math.inf if f.name in positive else 0 <= value < math.inf):
+                raise DistrecError(f"workload {f.name} = {value} is invalid; use a {'positive' if f.name in positive else 'non-negative'} finite value")
         rows = self.rows_per_table()
         if len(rows) != self.num_features or min(rows) < 1:
             raise DistrecError(
