@@ -27,10 +27,14 @@ import yaml
 
 from distrec.cli import main
 from distrec.components.checkpoint import CHECKSUMS, IDENTITIES, META_FILE, file_checksum
+from distrec.errors import DistrecError
 from distrec.hotline.row_files import BASE_FILE
+from distrec.parallel.default_plans import uniform_plan
+from distrec.parallel.plan import ShardingPlan
 from distrec.planner.calibrate import SampleCosts
 from distrec.planner.cost_models import CommCostNet, ComputeCostNet, ComputeEnsemble, CostModels
 from distrec.planner.store import COST_MODELS_FILE
+from distrec.tables import TableConfig
 from test_planner_cost_models import write_synthetic_costs
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -258,3 +262,11 @@ def test_a_hotline_rows_file_cut_short_is_one_line_naming_its_size_not_a_bus_err
     meta_path.write_text(json.dumps(meta))
     message = refused(capsys, "evaluate", "--checkpoint", run, "--no-progress")
     assert f"the embedding rows file '{rows}' has {full // 2} bytes, expected {full}" in message and "resume from another checkpoint" in message
+
+
+def test_a_plan_listing_a_table_twice_names_the_table():
+    tables = [TableConfig(f"t{i}", 10, 4) for i in range(2)]
+    plan = uniform_plan(tables, 2, "table_wise").to_dict()
+    plan["tables"].append(plan["tables"][0])
+    with pytest.raises(DistrecError, match=r"lists table\(s\) t0 more than once"):
+        ShardingPlan.from_dict(plan).validate(tables)

@@ -96,7 +96,12 @@ class ShardingPlan:
         planned = [p.table for p in self.tables]
         missing = sorted(set(by_name) - set(planned))
         extra = sorted(set(planned) - set(by_name))
-        if missing or extra or len(planned) != len(set(planned)):
+        twice = sorted({name for name in planned if planned.count(name) > 1})
+        if twice:
+            raise DistrecError(
+                f"sharding plan lists table(s) {', '.join(twice)} more than once; keep one entry per table, or regenerate it with 'distrec plan'"
+            )
+        if missing or extra:
             raise DistrecError(
                 f"sharding plan does not match the model's tables (missing: {missing or 'none'}, "
                 f"unknown: {extra or 'none'}); regenerate it for this data with 'distrec plan'"
