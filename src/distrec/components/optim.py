@@ -17,7 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from distrec.errors import DistrecError
-from distrec.kernels import compiled
+from distrec.kernels import compiled, runs_compiled
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
@@ -43,13 +43,17 @@ def gradient_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def has_distinct_rows(grad: torch.Tensor) -> bool:
-    """Whether a sparse row gradient holds each row once, in increasing order.
+    """Whether a sparse row gradient is known to hold each row once, in increasing order.
 
-    Autograd drops the coalesced flag when it stores a sparse gradient in ``.grad``, so
-    the rows themselves are checked (one comparison per entry, far cheaper than a sort).
+    Autograd drops the coalesced flag when it stores a sparse gradient in ``.grad``, so on
+    the host the rows themselves are checked (one comparison per entry, far cheaper than a
+    sort). Elsewhere (a GPU) reading the answer back would stall the step: only the flag
+    counts, and callers that are not sure take the general path (the same result).
     """
+    if grad.is_coalesced():
+        return True
     rows = gradient_rows(grad)[0]
-    return grad.is_coalesced() or bool(torch.all(rows[1:] > rows[:-1]))
+    return runs_compiled(rows) and bool(torch.all(rows[1:] > rows[:-1]))
 
 
 def coalesced_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +73,8 @@ def row_grouping(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 def fused_update(param: torch.Tensor) -> bool:
     """Whether ``param``'s rows are updated by the one-pass kernels (``distrec.kernels.row_updates``):
-    float32 weights on the CPU; other devices and types take the torch operators."""
-    return param.device.type == "cpu" and param.dtype == torch.float32
+    float32 weights the compiled kernels take (``runs_compiled``); other devices and types take the torch operators."""
+    return param.dtype == torch.float32 and runs_compiled(param)
 
 
 def row_blocks(rows: torch.Tensor, values: torch.Tensor, size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from distrec.config import DataConfig
-from distrec.data.batch import Batch
+from distrec.data.batch import Batch, BatchLayout
 from distrec.data.cache import (
     CACHE_FORMAT_VERSION,
     DENSE_FILE,
@@ -217,25 +217,38 @@ class Dataset:
             parts["test"] = order[n - n_test :]
         return {name: np.sort(rows) for name, rows in parts.items()}
 
-    def batch(self, rows: np.ndarray) -> Batch:
-        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch."""
+    def batch(self, rows: np.ndarray, largest_shard: int | None = None) -> Batch:
+        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch whose layout
+        (``BatchLayout``) says where each feature's indices start, whether every bag holds one
+        index, and that every index lies in its table (checked here, on the host, once);
+        ``largest_shard``: the most samples a rank's slice of this global batch holds."""
         rows = np.asarray(rows, np.int64)
         b = rows.shape[0]
         lengths = np.ones((len(self._columns), b), np.int64)
         values = []
+        sizes = tuple(self.table_rows[feature.name] for feature in self.features)
+        within = True
         for f, column in enumerate(self._columns):
             if column.offsets is None:
                 raw = column.values[rows]
             else:
                 raw, lengths[f] = gather_bags(column.values, column.offsets, rows)
-            values.append(table_index(raw, self.table_rows[self.features[f].name]) if self._wraps[f] else raw)
+            if self._wraps[f]:
+                raw = table_index(raw, sizes[f])
+            elif raw.size and (raw.min() < 0 or raw.max() >= sizes[f]):
+                within = False  # the model names the index and its table
+            values.append(raw)
         offsets = np.zeros(len(self._columns) * b + 1, np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
+        layout = None
+        if b:
+            layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes if within else None, largest_shard)
         return Batch(
             dense=torch.from_numpy(self._dense[rows]),
             sparse_values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
             sparse_offsets=torch.from_numpy(offsets),
             labels=torch.from_numpy(self._labels[rows]),
+            layout=layout,
         )
 
     def batches(
@@ -250,6 +263,7 @@ class Dataset:
         drop_last: bool = False,
         prefetch_depth: int = 4,
         shard: tuple[int, int] = (0, 1),
+        pin: bool = False,
     ) -> Iterator[Batch]:
         """Mini-batches over ``rows`` (all rows if None), built ahead on a background thread.
 
@@ -259,12 +273,15 @@ class Dataset:
         With ``shard=(rank, world_size)`` each global batch is cut into ``world_size``
         contiguous slices of near-equal size and only slice ``rank`` is built (it may be
         empty when the batch has fewer samples than ranks); every rank gets the same number
-        of batches.
+        of batches. With ``pin``, the background thread puts each batch in page-locked memory
+        (for a copy to a GPU that overlaps the step).
         """
         rows = np.arange(self.num_rows, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
         if shuffle:
             rows = rows[np.random.default_rng([seed, epoch]).permutation(rows.shape[0])]
         steps = num_batches(rows.shape[0], batch_size, drop_last)
         rank, world_size = shard
-        batch_rows = (np.array_split(rows[k * batch_size : (k + 1) * batch_size], world_size)[rank] for k in range(start_step, steps))
-        return prefetch((self.batch(r) for r in batch_rows), prefetch_depth)
+        global_batches = (rows[k * batch_size : (k + 1) * batch_size] for k in range(start_step, steps))
+        shards = ((np.array_split(g, world_size)[rank], -(-g.shape[0] // world_size)) for g in global_batches)
+        built = (self.batch(r, largest) for r, largest in shards)
+        return prefetch((b.pin_memory() for b in built) if pin else built, prefetch_depth)

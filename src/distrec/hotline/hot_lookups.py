@@ -18,7 +18,7 @@ import torch
 from distrec.data.batch import Batch
 from distrec.hotline.hot_set import is_popular, split_batch
 from distrec.hotline.rows import RowSpace, find_sorted
-from distrec.kernels import compiled
+from distrec.kernels import compiled, runs_compiled
 
 
 class HotLookups(NamedTuple):
@@ -80,7 +80,7 @@ def kept_bags(offsets: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, 
 def keep_indices(batch: Batch, keep: torch.Tensor) -> Batch:
     """The same samples with only the indices where ``keep`` (bool [nnz]) in every bag."""
     offsets, _ = kept_bags(batch.sparse_offsets, keep)
-    return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels)
+    return Batch(batch.dense, batch.sparse_values[keep], offsets, batch.labels, batch.part_layout(whole_bags=False))
 
 
 def hot_bags(batch: Batch, hot: torch.Tensor, positions: torch.Tensor) -> HotBags:
@@ -112,7 +112,7 @@ def cold_feature_bits(batch: Batch, hot: torch.Tensor, num_features: int) -> tor
 def find_hot_lookups(batch: Batch, space: RowSpace, hot_ids: torch.Tensor) -> HotLookups:
     """The hot lookups of ``batch`` (see ``HotLookups``); raises DistrecError when an index lies
     outside its table or the batch has another number of features than ``space`` has tables."""
-    if batch.batch_size and batch.sparse_values.device.type == "cpu":
+    if batch.batch_size and runs_compiled(batch.sparse_values):
         space.check_features(batch)
         kernels = compiled("hot_lookups")
         table_base = torch.as_tensor(space.offsets)
@@ -129,17 +129,21 @@ def find_hot_lookups(batch: Batch, space: RowSpace, hot_ids: torch.Tensor) -> Ho
 
 def split_lookups(batch: Batch, found: HotLookups) -> MicroBatches:
     """``batch`` split by its hot lookups ``found`` (``find_hot_lookups``) into micro-batches."""
-    if batch.batch_size and batch.sparse_values.device.type == "cpu":
+    if batch.batch_size and runs_compiled(batch.sparse_values):
         popular_part, other_part, other_hot, other_cold = compiled("hot_lookups").split_lookups(
             batch.sparse_values, batch.sparse_offsets, batch.batch_size, found.positions, found.popular
         )
         values, rows, bag_of, offsets = popular_part
         popular_at, other_at = torch.nonzero(found.popular).view(-1), torch.nonzero(~found.popular).view(-1)
-        popular = Batch(batch.dense[popular_at], values, offsets, batch.labels[popular_at])
-        other = Batch(batch.dense[other_at], *other_part, batch.labels[other_at])
+        popular = Batch(batch.dense[popular_at], values, offsets, batch.labels[popular_at], batch.part_layout(whole_bags=True))
+        other = Batch(batch.dense[other_at], *other_part, batch.labels[other_at], batch.part_layout(whole_bags=True))
         rows_other, bag_of_other, offsets_other = other_hot
         return MicroBatches(
-            popular, HotBags(rows, offsets, bag_of), other, HotBags(rows_other, offsets_other, bag_of_other), Batch(other.dense, *other_cold, other.labels)
+            popular,
+            HotBags(rows, offsets, bag_of),
+            other,
+            HotBags(rows_other, offsets_other, bag_of_other),
+            Batch(other.dense, *other_cold, other.labels, batch.part_layout(whole_bags=False)),
         )
     return split_with_operators(batch, found)
 

@@ -35,7 +35,7 @@ from distrec.components.exchange import ExchangeStats
 from distrec.data.batch import Batch
 from distrec.hotline.hot_lookups import HotBags, find_hot_lookups, hot_bags, keep_indices
 from distrec.hotline.rows import RowSpace, find_sorted
-from distrec.kernels import compiled
+from distrec.kernels import compiled, runs_compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
 
@@ -52,7 +52,7 @@ class _HotPooling(torch.autograd.Function):
     @staticmethod
     @torch.no_grad()
     def backward(ctx, grad: torch.Tensor) -> tuple[None, None, None, None, None]:
-        if ctx.into.device.type == "cpu":
+        if runs_compiled(ctx.into):
             compiled("hot_lookups").add_picked_rows(ctx.into, ctx.rows, ctx.bag_of, grad.contiguous())
         else:
             ctx.into.index_add_(0, ctx.rows, grad[ctx.bag_of])
@@ -187,7 +187,7 @@ class ReplicatedHotEmbedding(nn.Module):
         of the union ``share_touched_rows`` started (waits for it)."""
         packed, work, _ = self._touched
         work.wait()
-        if packed.device.type == "cpu":
+        if runs_compiled(packed):
             return compiled("hot_lookups").set_bits(packed[start:], count)
         bits = (packed[start:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
         return torch.nonzero(bits.view(-1)[:count]).view(-1)
@@ -223,7 +223,7 @@ class ReplicatedHotEmbedding(nn.Module):
         if dense:
             torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in dense], out=dense_part)
         # this step's hot-row gradients move into the buffer (this rank's rows are a subset of touched)
-        if flat.device.type == "cpu":
+        if runs_compiled(flat):
             compiled("hot_lookups").take_and_clear_rows(self._hot_grad, touched, rows)
         else:
             torch.index_select(self._hot_grad, 0, touched, out=rows)

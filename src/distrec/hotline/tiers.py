@@ -42,6 +42,7 @@ from distrec.allocator import empty_table
 from distrec.errors import DistrecError
 from distrec.hotline.readahead import RowReadahead
 from distrec.hotline.row_files import BASE_FILE, CHANGED_FILE, CHANGED_IDS_FILE, FileIdentity, SavedRows, find_base, link_base, write_rows
+from distrec.hotline.rows import find_sorted
 from distrec.io import atomic_path
 
 FLOAT_BYTES = 4
@@ -217,8 +218,12 @@ class TwoTierStore:
 
     def slots(self, ids: torch.Tensor) -> torch.Tensor:
         """Fast-tier slot of each of the global rows ``ids``, -1 for rows in the slow tier:
-        int64 [n], on the device of ``ids``."""
-        return self._slot_of[ids.cpu()].to(ids.device, torch.int64)
+        int64 [n], on the device of ``ids``. Host ids read the slot map; device ids (a GPU's)
+        are searched in the hot ids there, so that nothing waits for a copy to the host."""
+        if ids.device.type == "cpu":
+            return self._slot_of[ids].to(torch.int64)
+        found, pos = find_sorted(self.hot_ids, ids)
+        return torch.where(found, pos, -1)
 
     def fast_weights(self, dim: int) -> torch.Tensor:
         """The embedding weights of the hot rows, a [H, dim] view of the fast tier (row j = slot j)."""
@@ -355,7 +360,7 @@ class TwoTierStore:
         """The first ``width`` floats of slow-tier rows ``ids``, in ``_host_rows`` (they may
         become the fast tier). With ``ahead``, the disk tier's reads of all the rows are
         started together first."""
-        ids = ids.cpu()
+        ids = ids if ids.device.type == "cpu" else ids.cpu()  # the slow tier is in host memory
         if ahead and self.readahead is not None:
             self.readahead(ids)
         return torch.index_select(self.slow[:, :width], 0, ids, out=self._host_rows(ids.numel(), width))

@@ -11,7 +11,7 @@ from torch import nn
 from distrec.allocator import empty_table
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.kernels import compiled, kernels_hidden
+from distrec.kernels import compiled, runs_compiled
 from distrec.models.table_init import TableInit
 from distrec.tables import TableConfig
 
@@ -30,7 +30,7 @@ class Bags(NamedTuple):
     bag_of_row: torch.Tensor | None
 
 
-def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor) -> Bags:
+def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch.Tensor, one_per_bag: bool | None = None) -> Bags:
     """Reorder a feature-major jagged batch into sample-major bags of fused-table rows.
 
     Pooling the result yields [B, F, D] directly, without a transpose of the output.
@@ -39,6 +39,8 @@ def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch
         values: int64 [nnz] row indices, feature-major (see ``Batch``).
         offsets: int64 [F * B + 1] bag boundaries, bag ``f * B + b`` for feature f, sample b.
         row_offsets: int64 [F] first row of each feature's table in the fused table.
+        one_per_bag: whether every bag holds one index, when known on the host (None: read the
+            lengths, a device sync on a GPU).
 
     Returns:
         ``Bags``: int64 [nnz] fused-table rows, int64 [B * F + 1] boundaries of bag
@@ -55,7 +57,7 @@ def sample_major(values: torch.Tensor, offsets: torch.Tensor, row_offsets: torch
     bag_offsets = torch.zeros(num_bags + 1, dtype=torch.int64, device=values.device)
     torch.cumsum(lengths, 0, out=bag_offsets[1:])
     nnz = values.numel()
-    if nnz == num_bags and bool(torch.all(lengths == 1)):
+    if nnz == num_bags and (one_per_bag if one_per_bag is not None else bool(torch.all(lengths == 1))):
         # one index per bag (single-hot features): the reorder is a transpose
         rows = values.view(num_features, batch_size) + row_offsets.unsqueeze(1)
         return Bags(rows.t().reshape(-1), bag_offsets, None)
@@ -245,9 +247,9 @@ def pool_segments(weight: torch.Tensor, segments) -> torch.Tensor:
 
 
 def pools_by_kernels(weight: torch.Tensor) -> bool:
-    """Whether multi-hot bags of ``weight`` pool through ``pool_segments`` (float32 CPU weights,
-    no dispatch mode watching: ``distrec.kernels.kernels_hidden``)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and not kernels_hidden()
+    """Whether multi-hot bags of ``weight`` pool through ``pool_segments`` (float32 weights the
+    compiled kernels take: ``distrec.kernels.runs_compiled``)."""
+    return weight.dtype == torch.float32 and runs_compiled(weight)
 
 
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
@@ -298,6 +300,7 @@ class EmbeddingBagCollection(nn.Module):
         if len(set(names)) != len(names):
             raise DistrecError(f"embedding table names repeat in {names}; give every sparse feature a unique name")
         self.tables = list(tables)
+        self.table_sizes = tuple(t.num_rows for t in tables)
         self.dim = dims[0]
         starts = [0]
         for t in tables:
@@ -363,9 +366,11 @@ class EmbeddingBagCollection(nn.Module):
             except kernels.IndexOutsideTable:
                 self._check_indices(batch)
                 raise
-        self._check_indices(batch)
+        if not batch.checked_within(self.table_sizes):  # the loader checked them on the host
+            self._check_indices(batch)
         if single_hot:  # reorder the indices
-            bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets)
+            one_per_bag = batch.layout.one_per_bag if batch.layout is not None else None
+            bags = sample_major(batch.sparse_values, batch.sparse_offsets, self.row_offsets, one_per_bag)
             if bags.bag_of_row is None:
                 return pool_sum(self.weight, bags).view(shape)
         # multi-hot: pool in the batch's feature-major order, then transpose the pooled vectors

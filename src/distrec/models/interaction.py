@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from distrec.kernels import compiled, kernels_hidden
+from distrec.kernels import compiled, runs_compiled
 
 
 def pair_positions(num_vectors: int, self_interaction: bool, device: torch.device | str | None = None) -> torch.Tensor:
@@ -40,10 +40,10 @@ def symmetric_pair_map(num_vectors: int, self_interaction: bool, device: torch.d
 
 def interacts_by_kernels(x: torch.Tensor | None, e: torch.Tensor) -> bool:
     """Whether the dot interaction of ``x`` and ``e`` runs in ``distrec.kernels.interaction``
-    (float32 or float64 CPU tensors of one dtype, no dispatch mode watching: ``kernels_hidden``);
+    (float32 or float64 tensors of one dtype that the compiled kernels take: ``runs_compiled``);
     elsewhere it runs in torch operators."""
     tensors = [e] if x is None else [x, e]
-    return not kernels_hidden() and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and t.dtype == e.dtype for t in tensors)
+    return runs_compiled(*tensors) and all(t.dtype in (torch.float32, torch.float64) and t.dtype == e.dtype for t in tensors)
 
 
 class _DotInteraction(torch.autograd.Function):

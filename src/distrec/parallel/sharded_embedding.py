@@ -122,6 +122,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if len(dims) != 1:
             raise DistrecError(f"sharded tables need one embedding dimension, got {sorted(dims)}; set model.embedding_dim for all")
         self.tables = list(tables)
+        self.table_sizes = tuple(t.num_rows for t in tables)
         self.dim = dims.pop()
         self.group = group
         self.rank = dist.get_rank(group)
@@ -235,8 +236,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """Raise DistrecError if an index of ``batch`` would not survive the cast to
         ``index_dtype`` (it would wrap into a valid-looking row instead of failing its
         table's range check)."""
-        if self.index_dtype == torch.int64 or batch.sparse_values.numel() == 0:
-            return
+        if self.index_dtype == torch.int64 or batch.sparse_values.numel() == 0 or batch.checked_within(self.table_sizes):
+            return  # indices checked to lie in their tables, whose rows all fit the narrower type
         limit = torch.iinfo(self.index_dtype)
         low, high = (int(x) for x in torch.aminmax(batch.sparse_values))
         if low >= limit.min and high <= limit.max:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -130,15 +131,22 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self.stats.lookup_ms = (time.perf_counter() - t1) * 1e3
         return pooled
 
+    def _largest_batch(self, batch: Batch) -> int:
+        """The most samples any rank of the group holds in this step: from the loader (host
+        only), else agreed by an all-reduce (a device sync on a GPU)."""
+        if batch.layout is not None and batch.layout.largest_shard is not None:
+            return batch.layout.largest_shard
+        largest = torch.tensor([batch.batch_size], device=batch.labels.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
+        return int(largest)
+
     def forward(self, batch: Batch) -> torch.Tensor:
         """``[b, F, D]`` in the global feature order, or ``[b, sum(tower_dims)]`` with a tower module.
 
         SPTT needs the same b on every rank; smaller batches (the end of an epoch or of an
         evaluation) are padded with empty samples whose outputs are dropped.
         """
-        largest = torch.tensor([batch.batch_size], device=batch.labels.device)
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
-        pooled = self.pool_global(pad_batch(batch, int(largest), len(self.tables)))
+        pooled = self.pool_global(pad_batch(batch, self._largest_batch(batch), len(self.tables)))
         t0 = time.perf_counter()
         out = sptt_exchange(pooled, self.layout, self.groups, self.tower_module, self.tower_dims, 1.0 / self.world_size, rows_in_peer_order=True)
         # the SPTT exchanges (tower module included); bytes this rank sends in (d) and receives
@@ -159,12 +167,9 @@ def pad_batch(batch: Batch, rows: int, num_features: int) -> Batch:
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
     pad_rows = (0, 0, 0, extra)
-    return Batch(
-        torch.nn.functional.pad(batch.dense, pad_rows),
-        batch.sparse_values,
-        offsets,
-        torch.nn.functional.pad(batch.labels, (0, extra)),
-    )
+    # the same indices: each feature's still start where they did, within their tables
+    layout = None if batch.layout is None else replace(batch.layout, one_per_bag=False)
+    return Batch(torch.nn.functional.pad(batch.dense, pad_rows), batch.sparse_values, offsets, torch.nn.functional.pad(batch.labels, (0, extra)), layout)
 
 
 def run_topology(world_size: int, hosts: int | None = None, ranks_per_host: int | None = None, replica_groups: int = 1, hosts_per_tower: int = 1) -> Topology:

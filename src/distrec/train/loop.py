@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from distrec import config as config_mod
@@ -31,7 +30,6 @@ from distrec.config import RunConfig
 from distrec.data import Dataset
 from distrec.data.batch import Batch
 from distrec.data.fingerprint import check_run_data, save_fingerprint
-from distrec.errors import DistrecError
 from distrec.io import atomic_write_json
 from distrec.models.build import build_model
 from distrec.modes import build_mode
@@ -41,6 +39,7 @@ from distrec.train import run as run_files
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
 from distrec.train.early_stopping import BestModel
 from distrec.train.evaluate import default_device, evaluate_sharded
+from distrec.train.finite_loss import FiniteLossCheck
 from distrec.train.length import Position, resolve_length
 from distrec.train.run import MetricsLog, peak_rss_per_rank, prepare_per_host, seed_everything, split_rows
 from distrec.train.summary import Summary, breakdown_description
@@ -92,6 +91,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out, self.mode, parallel.checkpoint, parts, self._run_meta)
         self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
         self._saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
+        self.losses = FiniteLossCheck(self.distributed)
 
     def close(self) -> None:
         """Release what outlives a step (the mode's worker threads and files)."""
@@ -162,19 +162,20 @@ class Trainer:
         return True
 
     def _epoch_batches(self) -> Iterator[Batch]:
-        """This rank's batches of the rest of the current epoch."""
-        t, p = self.cfg.train, self.position
-        rows = self.splits["train"]
+        """This rank's batches of the rest of the current epoch (pinned for a GPU)."""
+        t, p, shard = self.cfg.train, self.position, (self.rank, self.world_size)
+        pin = self.device.type == "cuda"
         return self.dataset.batches(
-            rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, shard=(self.rank, self.world_size)
+            self.splits["train"], self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, shard=shard, pin=pin
         )
 
     def _step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step on this rank's part of a global batch; its loss (detached)."""
         global_size = min(self.length.batch_size, len(self.splits["train"]) - self.position.step_in_epoch * self.length.batch_size)
         loss = self.train_step(batch, normalizer=global_size / self.world_size)
-        with self.timer.phase("loss"):  # a collective on several ranks: part of the step's time
-            self._stop_unless_finite(loss)
+        with self.timer.phase("loss"):  # a collective on several ranks when a check is due: part of the step's time
+            if self.losses.add(loss, self.position.step + 1):
+                self._check_losses()
         self.timer.end_step()
         exchange = self.telemetry.exchange()
         if exchange is not None:
@@ -188,6 +189,7 @@ class Trainer:
         interval says; the evaluation's metrics, if one ran (collectives, on every rank)."""
         t, step = self.cfg.train, self.position.step
         if t.log_every and step % t.log_every == 0:
+            self._check_losses()
             mean_loss = mean_over_ranks(loss)
             bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{samples_s:,.0f}")
             if log is not None:
@@ -234,7 +236,11 @@ class Trainer:
         atomic_write_json(self.out / run_files.SUMMARY_FILE, summary)
         return summary
 
+    def _check_losses(self) -> None:
+        self.losses.check(self.optimization.lr, self._saved_step)
+
     def _save(self) -> None:
+        self._check_losses()  # a diverged model is never saved
         self.checkpointer.save()
         self._saved_step = self.position.step
 
@@ -250,6 +256,7 @@ class Trainer:
     def _evaluate_and_log(self, log: MetricsLog | None, split: str = "val") -> dict[str, float]:
         """Evaluate ``split`` and log it; a better validation AUC than before, in a run without
         a fixed length, is saved as ``best/``."""
+        self._check_losses()
         result = self.evaluate_split(split)
         if result and log is not None:
             log.write({"step": self.position.step, "epoch": self.position.epoch, "split": split, **result})
@@ -276,19 +283,6 @@ class Trainer:
         return json.loads(summary.read_text()) if summary.is_file() else None
 
     # --- per step ----------------------------------------------------------------------------
-    def _stop_unless_finite(self, loss: torch.Tensor) -> None:
-        """Stop the run (every rank, at the same step) when a rank's loss is NaN or infinite,
-        before anything of that step is saved; the last checkpoint stays as it was."""
-        finite = torch.isfinite(loss).to(torch.int32).reshape(1)
-        if self.distributed:
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        if finite.item():
-            return
-        saved = f"the last checkpoint (step {self._saved_step}) is kept" if self._saved_step is not None else "no checkpoint was written"
-        raise DistrecError(
-            f"the training loss became {float(loss)} at step {self.position.step + 1}; training diverged, lower the learning rate "
-            f"(--lr, now {self.optimization.lr}) and retrain; {saved}"
-        )
 
 
 def train(cfg: RunConfig, out: Path, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
