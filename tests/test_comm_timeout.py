@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distrec.errors import DistrecError
-from distrec.parallel.comm import free_port, init_from_env, naming_silent_ranks
+from distrec.parallel.comm import _timed_out, device_options, free_port, init_from_env, naming_silent_ranks
 
 TIMEOUT_SECONDS = 2.0
 
@@ -57,3 +57,19 @@ def test_a_timeout_must_be_positive(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     with pytest.raises(DistrecError, match="must be positive"):
         init_from_env(torch.device("cpu"), timeout_seconds=0)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1000ms for recv operation to complete",
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600027 milliseconds before timing out.",
+    ],
+)
+def test_gloo_and_nccl_timeouts_are_both_recognised(message):
+    assert _timed_out(RuntimeError(message)) and not _timed_out(RuntimeError("connection reset by peer"))
+
+
+def test_a_cpu_group_takes_no_device_options():
+    assert device_options(torch.device("cpu")) == {}

@@ -85,14 +85,14 @@ def pipeline_with_hot_rows(tmp_path) -> tuple[HotlinePipeline, HotlineEmbeddingB
 
 def test_an_error_in_the_worker_surfaces_and_the_pipeline_shuts_down(tmp_path):
     pipe, ebc = pipeline_with_hot_rows(tmp_path)
-    gather = ebc.store.gather
+    gather = ebc.store.gather_staged
 
     def failing_in_worker(ids, width=None, slots=None):
         if threading.current_thread().name.startswith(WORKER_NAME):
             raise OSError("slow tier read failed")
         return gather(ids, width, slots)
 
-    ebc.store.gather = failing_in_worker
+    ebc.store.gather_staged = failing_in_worker
     batch = zipf_batch(np.random.default_rng(4), 64)
     with pytest.raises(OSError, match="slow tier read failed"):
         pipe.run(batch, lambda micro, n: ebc(micro).sum().backward() or torch.zeros(()))
@@ -106,7 +106,7 @@ def test_an_error_in_the_worker_surfaces_and_the_pipeline_shuts_down(tmp_path):
 
 def test_an_error_in_the_caller_waits_for_the_worker(tmp_path):
     pipe, ebc = pipeline_with_hot_rows(tmp_path)
-    gather = ebc.store.gather
+    gather = ebc.store.gather_staged
     worker_done = threading.Event()
 
     def slow_in_worker(ids, width=None, slots=None):
@@ -118,7 +118,7 @@ def test_an_error_in_the_caller_waits_for_the_worker(tmp_path):
     def failing_backward(micro, normalizer):
         raise RuntimeError("loss is NaN")
 
-    ebc.store.gather = slow_in_worker
+    ebc.store.gather_staged = slow_in_worker
     with pipe, pytest.raises(RuntimeError, match="NaN"):
         pipe.run(zipf_batch(np.random.default_rng(5), 64), failing_backward)
     assert worker_done.is_set()
@@ -132,7 +132,7 @@ def test_a_placement_pins_the_step_and_the_worker(tmp_path):
     ebc = HotlineEmbeddingBagCollection(TABLES, slow="disk", directory=tmp_path)
     hot = HotSet.from_global_ids(np.r_[0:5, 40:45, 65:70], ebc.space, 0)
     seen: dict[str, set[frozenset[int]]] = {"step": set(), "worker": set()}
-    gather = ebc.store.gather
+    gather = ebc.store.gather_staged
 
     def gather_noting_cpus(ids, width=None, slots=None):
         if threading.current_thread().name.startswith(WORKER_NAME):
@@ -145,7 +145,7 @@ def test_a_placement_pins_the_step_and_the_worker(tmp_path):
         loss.backward()
         return loss.detach()
 
-    ebc.store.gather = gather_noting_cpus
+    ebc.store.gather_staged = gather_noting_cpus
     with HotlinePipeline(ebc, AccessLogger(4096), 0, relearn_every=0, hot_set=hot, placement=placement) as pipe:
         for seed in range(3):
             pipe.run(zipf_batch(np.random.default_rng(seed), 64), backward)

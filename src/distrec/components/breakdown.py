@@ -6,7 +6,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,15 +44,70 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total * 1e3
 
 
+class HostClock:
+    """Wall time on the host: right for work the host does itself (the CPU)."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def settle(self) -> None:
+        """Nothing to wait for: a mark is its time."""
+
+
+class CudaClock:
+    """CUDA events recorded on the current stream: time of the device's work, read without
+    stopping the host at each mark (``settle`` waits once for many steps' events)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.last: torch.cuda.Event | None = None
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        self.last = event
+        return event
+
+    def ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return start.elapsed_time(end)
+
+    def settle(self) -> None:
+        """Wait until every event recorded so far has happened."""
+        if self.last is not None:
+            self.last.synchronize()
+
+
+Clock = HostClock | CudaClock
+
+
+def clock_for(device: torch.device | None) -> Clock:
+    """CUDA events on a GPU, the host's clock elsewhere."""
+    return CudaClock(device) if device is not None and device.type == "cuda" else HostClock()
+
+
+@dataclass
+class _RawStep:
+    """A step's measurements before its clock's marks are read."""
+
+    spans: list[tuple[str, Any, Any, int]] = field(default_factory=list)  # (component, start, end, parent span or -1)
+    embeddings: list[tuple[Any, Any, ExchangeStats | None]] = field(default_factory=list)  # training forwards of the watched module
+    ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # measured elsewhere (``add``)
+    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    all_reduces: list[tuple[float, float]] = field(default_factory=list)  # host seconds a DDP bucket was in flight
+
+
 class StepTimer:
     """Accumulates milliseconds per component for every step, then summarises them.
 
     ``TrainStep`` charges ``forward``, ``loss``, ``backward``, ``gradient_all_reduce`` and
     ``optimizer``; the trainer charges ``data_loading`` and, to ``loss``, the check that the
-    loss is finite on every rank (an all-reduce); a parallel mode charges its own
+    loss is finite on every rank (when one is due); a parallel mode charges its own
     collectives (``replica_sync``: time with ``phase``, bytes with ``add_bytes``). A phase
-    inside another is charged to itself only. At the end of each step the forward time is
-    split with what the watched modules reported:
+    inside another is charged to itself only. Each step's forward time is split with what the
+    watched modules reported:
 
     - ``watch_embeddings(module, exchange)``: time inside the embedding module (training
       forwards only) is ``lookup``, the rest of the forward ``dense_forward``; the exchange
@@ -59,68 +116,61 @@ class StepTimer:
     - ``watch_ddp(ddp)``: the time during which a DDP gradient all-reduce was in flight
       (it overlaps backward) moves from ``backward`` to ``gradient_all_reduce``.
 
-    On CUDA it synchronises the device at each boundary, so that asynchronous kernels are
-    charged to the component that launched them.
+    The clock is the device's (``clock_for``): on a GPU, CUDA events, read when the steps are
+    (``steps``, ``summary``) or every ``SETTLE_EVERY`` steps, so timing adds no host sync to a step.
     """
 
-    def __init__(self, device: torch.device | None = None, skip_first: int = 5) -> None:
-        self.sync = device is not None and device.type == "cuda"
-        self.skip_first = skip_first
-        self.steps: list[dict[str, float]] = []
-        self.current: dict[str, float] = defaultdict(float)
-        self.step_bytes: list[dict[str, int]] = []
-        self.current_bytes: dict[str, int] = defaultdict(int)
-        self._nested_ms: list[float] = []  # per open phase, the ms of the phases inside it
-        self._embedding_ms = 0.0
-        self._all_reduces: list[tuple[float, float]] = []
+    SETTLE_EVERY = 64
+    """Steps at most whose CUDA events wait to be read."""
 
-    def _now(self) -> float:
-        if self.sync:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+    def __init__(self, device: torch.device | None = None, skip_first: int = 5) -> None:
+        self.clock = clock_for(device)
+        self.skip_first = skip_first
+        self._steps: list[dict[str, float]] = []
+        self.step_bytes: list[dict[str, int]] = []
+        self._pending: list[_RawStep] = []
+        self._raw = _RawStep()
+        self._open: list[int] = []  # indices in _raw.spans of the phases open now (innermost last)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Charge the time inside the block to ``name``, less that of the phases inside it."""
-        start = self._now()
-        self._nested_ms.append(0.0)
+        spans = self._raw.spans
+        index = len(spans)
+        spans.append((name, self.clock.mark(), None, self._open[-1] if self._open else -1))
+        self._open.append(index)
         try:
             yield
         finally:
-            ms = (self._now() - start) * 1e3
-            self.current[name] += ms - self._nested_ms.pop()
-            if self._nested_ms:
-                self._nested_ms[-1] += ms
+            self._open.pop()
+            name, start, _, parent = spans[index]
+            spans[index] = (name, start, self.clock.mark(), parent)
 
     def add(self, name: str, ms: float) -> None:
         """Charge ``ms`` measured elsewhere (e.g. inside a module) to ``name``."""
-        self.current[name] += ms
+        self._raw.ms[name] += ms
 
     def add_bytes(self, name: str, sent: int) -> None:
         """Charge ``sent`` bytes sent by this rank to the collective component ``name``."""
-        self.current_bytes[name] += sent
+        self._raw.sent[name] += sent
 
     def watch_embeddings(self, module: torch.nn.Module, exchange: Callable[[], ExchangeStats | None] = lambda: None) -> None:
         """Time every training forward of ``module``; ``exchange()`` gives the all-to-all
         statistics of its last forward (see the class doc)."""
-        started: list[float] = []
+        started: list[Any] = []
 
         def before(mod, args) -> None:
             if mod.training:
-                started.append(self._now())
+                started.append(self.clock.mark())
 
         def after(mod, args, output) -> None:
             if mod.training and started:
-                ms = (self._now() - started.pop()) * 1e3
-                self._embedding_ms += ms
                 stats = exchange()
                 if stats is not None:
-                    self.current["input_all_to_all"] += stats.input_ms
-                    self.current["output_all_to_all"] += stats.output_ms
                     self.add_bytes("input_all_to_all", stats.input_bytes)
                     self.add_bytes("output_all_to_all", stats.output_bytes)
-                    ms -= stats.input_ms + stats.output_ms
-                self.current["lookup"] += max(0.0, ms)
+                    stats = replace(stats)  # a copy: the module reuses its statistics
+                self._raw.embeddings.append((started.pop(), self.clock.mark(), stats))
 
         module.register_forward_pre_hook(before)
         module.register_forward_hook(after)
@@ -131,9 +181,10 @@ class StepTimer:
 
         def timed_allreduce(group, bucket):
             start = time.perf_counter()
+            raw = self._raw
 
             def done(future):
-                self._all_reduces.append((start, time.perf_counter()))
+                raw.all_reduces.append((start, time.perf_counter()))
                 return future.value()
 
             return allreduce_hook(group, bucket).then(done)
@@ -152,20 +203,54 @@ class StepTimer:
             yield batch
 
     def end_step(self) -> None:
-        """Close the current step: split its forward and backward time, start the next."""
-        step = self.current
+        """Close the current step and start the next; its times are read now on the host's
+        clock, later on a GPU's (``steps``)."""
+        self._pending.append(self._raw)
+        self.step_bytes.append(dict(self._raw.sent))
+        self._raw = _RawStep()
+        if isinstance(self.clock, HostClock) or len(self._pending) >= self.SETTLE_EVERY:
+            self._settle()
+
+    @property
+    def steps(self) -> list[dict[str, float]]:
+        """Milliseconds per component of every step ended so far."""
+        self._settle()
+        return self._steps
+
+    def _settle(self) -> None:
+        """Read the marks of the pending steps into ``steps``."""
+        if not self._pending:
+            return
+        self.clock.settle()
+        for raw in self._pending:
+            self._steps.append(self._components(raw))
+        self._pending = []
+
+    def _components(self, raw: _RawStep) -> dict[str, float]:
+        """One step's ms per component: phases less their inner phases, the forward split into
+        lookup, exchanges and dense layers, backward less the all-reduces in flight."""
+        step: dict[str, float] = defaultdict(float, raw.ms)
+        spans_ms = [self.clock.ms(start, end) for _, start, end, _ in raw.spans]
+        for (name, _, _, parent), ms in zip(raw.spans, spans_ms):
+            step[name] += ms
+            if parent >= 0:
+                step[raw.spans[parent][0]] -= ms
+        embedding_ms = 0.0
+        for start, end, stats in raw.embeddings:
+            ms = self.clock.ms(start, end)
+            embedding_ms += ms
+            if stats is not None:
+                step["input_all_to_all"] += stats.input_ms
+                step["output_all_to_all"] += stats.output_ms
+                ms -= stats.input_ms + stats.output_ms
+            step["lookup"] += max(0.0, ms)
         if "forward" in step:
-            step["dense_forward"] += max(0.0, step.pop("forward") - self._embedding_ms)
-        if self._all_reduces:
-            overlap = _union_ms(self._all_reduces)
+            step["dense_forward"] += max(0.0, step.pop("forward") - embedding_ms)
+        if raw.all_reduces:
+            overlap = _union_ms(raw.all_reduces)
             step["gradient_all_reduce"] += overlap
             step["backward"] = max(0.0, step["backward"] - overlap)
-        self.steps.append(dict(step))
-        self.step_bytes.append(dict(self.current_bytes))
-        self.current = defaultdict(float)
-        self.current_bytes = defaultdict(int)
-        self._embedding_ms = 0.0
-        self._all_reduces = []
+        return dict(step)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Mean and median ms per component over the measured steps (warm-up steps skipped)."""

@@ -48,6 +48,8 @@ class EmbeddingLookup:
             when ``rows`` is the fast tier itself (row j = slot j).
         bags: the batch's sample-major bags of positions in ``rows``.
         rows: embedding weights, float32 [U, D], on the module's device.
+        ready: on CUDA, the event after which ``rows`` are on the device (they were copied on
+            the store's own stream); None when they are ready now.
     """
 
     batch: Batch
@@ -55,6 +57,7 @@ class EmbeddingLookup:
     slots: torch.Tensor | None
     bags: Bags
     rows: torch.Tensor
+    ready: torch.cuda.Event | None = None
 
 
 INT32_MAX = torch.iinfo(torch.int32).max
@@ -175,7 +178,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
         ids = ids.long()
         slots = self.store.slots(ids)
         bags = sample_major(inverse, batch.sparse_offsets, self._no_offsets)
-        return EmbeddingLookup(batch, ids, slots, bags, self.store.gather(ids, width=self.dim, slots=slots))
+        rows, ready = self.store.gather_staged(ids, width=self.dim, slots=slots)
+        return EmbeddingLookup(batch, ids, slots, bags, rows, ready)
 
     def hot_lookup(self, batch: Batch, slots: torch.Tensor) -> EmbeddingLookup:
         """A lookup of ``batch`` straight from the fast tier; ``slots``: the fast-tier slot of
@@ -196,6 +200,10 @@ class HotlineEmbeddingBagCollection(nn.Module):
         """Pooled embeddings of every feature: float32 [B, F, D]."""
         staged = self._prefetched
         lookup = staged if staged is not None and staged.batch is batch else self.lookup(batch)
+        if lookup.ready is not None:  # the rows came on the store's copy stream: this stream waits for them, the host does not
+            stream = torch.cuda.current_stream(lookup.rows.device)
+            stream.wait_event(lookup.ready)
+            lookup.rows.record_stream(stream)
         weights = lookup.rows.detach().requires_grad_(torch.is_grad_enabled())
         pooled = pool_sum(weights, lookup.bags)
         if weights.requires_grad:

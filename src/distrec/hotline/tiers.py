@@ -189,6 +189,10 @@ class TwoTierStore:
         self._init = None if slow_file is not None else init  # until the slow tier is first used
         self._progress = progress
         self._init_lock = threading.Lock()  # the prefetch worker may be the first user
+        # on CUDA, gathered cold rows travel to the device on their own stream, through one pinned buffer
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._staging = torch.empty(0, pin_memory=self._copy_stream is not None)
+        self._staging_free: torch.cuda.Event | None = None  # recorded after the copy out of ``_staging``
 
     @property
     def slow(self) -> torch.Tensor:
@@ -230,7 +234,20 @@ class TwoTierStore:
         return self.fast[:, :dim]
 
     def gather(self, ids: torch.Tensor, width: int | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device.
+        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device,
+        ready for the current stream (see ``gather_staged``)."""
+        rows, ready = self.gather_staged(ids, width, slots)
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            rows.record_stream(stream)
+        return rows
+
+    def gather_staged(self, ids: torch.Tensor, width: int | None = None, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device,
+        and on CUDA the event after which they are there (None elsewhere): the slow tier's
+        rows are copied on the store's own stream, through a reused pinned buffer, so a
+        stream that reads them waits for the event first (the host does not).
 
         Reads each row from the tier holding it (``slots``: ``self.slots(ids)``, if known).
         Safe to call from a worker thread while no update or tier move runs.
@@ -239,11 +256,31 @@ class TwoTierStore:
         ids = ids.to(self.device)
         slots = self.slots(ids) if slots is None else slots.to(self.device)
         hot = slots >= 0
-        out = torch.empty((ids.numel(), width), device=self.device)
-        out[hot] = self.fast[slots[hot], :width]
         cold = ~hot
-        out[cold] = self._read_slow(ids[cold], width).to(self.device, non_blocking=True)
-        return out
+        if self._copy_stream is None:
+            out = torch.empty((ids.numel(), width), device=self.device)
+            out[hot] = self.fast[slots[hot], :width]
+            out[cold] = self._read_slow(ids[cold], width)
+            return out, None
+        cold_ids = ids[cold]
+        staged = self._read_slow(cold_ids, width, out=self._staging_rows(cold_ids.numel(), width))
+        with torch.cuda.stream(self._copy_stream):
+            out = torch.empty((ids.numel(), width), device=self.device)
+            out[hot] = self.fast[slots[hot], :width]
+            out[cold] = staged.to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        self._staging_free = ready
+        return out, ready
+
+    def _staging_rows(self, num_rows: int, width: int) -> torch.Tensor:
+        """Pinned float32 [num_rows, width] for cold rows on their way to the device: one buffer,
+        grown when needed, reused once the copy out of it is done (the worker thread waits)."""
+        if self._staging_free is not None:
+            self._staging_free.synchronize()
+        if self._staging.numel() < num_rows * width:
+            self._staging = torch.empty(max(num_rows * width, 2 * self._staging.numel()), pin_memory=True)
+        return self._staging[: num_rows * width].view(num_rows, width)
 
     def update(self, slots: torch.Tensor, slot_grads: torch.Tensor, cold_ids: torch.Tensor, cold_grads: torch.Tensor, rule: RowUpdate) -> None:
         """Apply ``rule`` once to every row with gradient entries, in the tier holding it.
@@ -356,14 +393,14 @@ class TwoTierStore:
                 yield start, end
                 bar.update(end - start)
 
-    def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True) -> torch.Tensor:
-        """The first ``width`` floats of slow-tier rows ``ids``, in ``_host_rows`` (they may
-        become the fast tier). With ``ahead``, the disk tier's reads of all the rows are
-        started together first."""
+    def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The first ``width`` floats of slow-tier rows ``ids``, in ``out`` (default: new
+        ``_host_rows``; they may become the fast tier). With ``ahead``, the disk tier's reads
+        of all the rows are started together first."""
         ids = ids if ids.device.type == "cpu" else ids.cpu()  # the slow tier is in host memory
         if ahead and self.readahead is not None:
             self.readahead(ids)
-        return torch.index_select(self.slow[:, :width], 0, ids, out=self._host_rows(ids.numel(), width))
+        return torch.index_select(self.slow[:, :width], 0, ids, out=self._host_rows(ids.numel(), width) if out is None else out)
 
     def _host_rows(self, num_rows: int, width: int) -> torch.Tensor:
         """Uninitialised float32 [num_rows, width] in host memory: pinned when the fast tier is

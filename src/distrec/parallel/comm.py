@@ -114,6 +114,25 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+NCCL_ERROR_HANDLING = "2"
+"""``TORCH_NCCL_ASYNC_ERROR_HANDLING``: on a collective's error or timeout, abort the
+communicators and raise in the training thread (where ``naming_silent_ranks`` turns it into
+one line), instead of killing the process from NCCL's watchdog."""
+
+
+def device_options(device: torch.device) -> dict[str, torch.device]:
+    """Prepare this process for a group on ``device`` and return ``init_process_group``'s
+    device options. On CUDA: make ``device`` (this rank's, ``cuda:LOCAL_RANK``) the current
+    one before NCCL starts, so that NCCL, object collectives and synchronisations use it and
+    not cuda:0 on every rank; bind the group to it (``device_id``); ask NCCL to raise its
+    errors (``NCCL_ERROR_HANDLING``) unless the environment says otherwise."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.set_device(device)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+    return {"device_id": device}
+
+
 def init_from_env(device: torch.device, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[int, int]:
     """Join the process group that torchrun (or a test) described in the environment.
 
@@ -132,7 +151,7 @@ def init_from_env(device: torch.device, timeout_seconds: float = DEFAULT_TIMEOUT
         # attempt (its ranks' addresses) must not be read by the next one, or it waits on them.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"distrec/attempt-{attempt}", store)
-        dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size, timeout=timeout, **device_options(device))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -166,7 +185,8 @@ def exit_without_finalizing(status: int) -> NoReturn:
 
 
 def _timed_out(error: BaseException) -> bool:
-    """Whether ``error`` is a collective that gave up waiting for a peer (gloo's wording)."""
+    """Whether ``error`` is a collective that gave up waiting for a peer (gloo's wording, or
+    NCCL's watchdog: "Watchdog caught collective operation timeout")."""
     return isinstance(error, RuntimeError) and re.search(r"[Tt]imed out|[Tt]imeout", str(error)) is not None
 
 
