@@ -9,8 +9,9 @@ steps), and every figure is a ratio against the one-process run measured in the 
 invocation. Bytes are what rank 0 sends per step in each exchange. The breakdowns are also
 drawn into one PNG (one stacked bar per configuration). With ``--rounds R`` every
 configuration runs R times, the configurations in turns, and the round with the median step
-time is reported. The last line printed is one JSON object with every figure, also written
-to OUT/distributed_throughput.json.
+time is reported. The last line printed is the harness's result record (every
+configuration's samples/s per round) with every figure, also written to
+OUT/distributed_throughput.json.
 
 Usage:
     python benchmarks/distributed_throughput.py                    # ~5 minutes on 2 cores
@@ -32,7 +33,7 @@ SHARDINGS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 
 
 def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
-    """``section.key=value`` items of the foundation issue's configuration on synthetic data."""
+    """``section.key=value`` items of the reference configuration (``train_throughput.py``'s) on synthetic data."""
     return [
         f"data.synthetic.rows={batch_size * (steps + 2)}",
         "data.synthetic.num_sparse=26",
@@ -107,7 +108,9 @@ def main() -> None:
             f"{label:<22} {r['samples_per_s']:>10,.0f} {r['ratio']:>6.2f} {b['input_all_to_all'] / 1e3:>10,.0f} "
             f"{b['output_all_to_all'] / 1e3:>11,.0f} {b['gradient_all_reduce'] / 1e3:>13,.0f}"
         )
-    harness.finish({"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}, Path(args.out) / "distributed_throughput.json")
+    systems = [harness.SystemResult(label, "throughput", "samples/s", harness.Samples(r["samples_per_s_per_round"])) for label, r in results.items()]
+    extra = {"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}
+    harness.finish(harness.ResultRecord("distributed_throughput", systems, None, extra), Path(args.out) / "distributed_throughput.json")
 
 
 if __name__ == "__main__":

@@ -297,7 +297,9 @@ def summarize(speeds: dict[Workload, dict[str, list[float]]], parts: dict[Worklo
 def record(speeds: dict[Workload, dict[str, list[float]]], results: list[dict], config: dict) -> harness.ResultRecord:
     """The result record: one system per side and configuration, its samples/s per round."""
     systems = [
-        harness.SystemResult(f"{side} ({w.label})", "throughput", "samples/s", harness.Samples(s[side])) for w, s in speeds.items() for side in ("distrec", "torchrec")
+        harness.SystemResult(f"{side} ({w.label})", "throughput", "samples/s", harness.Samples(s[side]))
+        for w, s in speeds.items()
+        for side in ("distrec", "torchrec")
     ]
     ratio = results[0]["ratio"] if len(results) == 1 else None
     return harness.ResultRecord("vs_torchrec", systems, ratio, {"config": config, "distribution": config["distribution"], "results": results})

@@ -98,7 +98,7 @@ def test_a_record_has_the_schema_and_finish_prints_it_last(tmp_path, capsys):
     )
     returned = harness.finish(record, tmp_path / "out" / "result.json")
     lines = capsys.readouterr().out.strip().splitlines()
-    assert json.loads(lines[-1]) == returned == {
+    want = {
         "benchmark": "demo",
         "systems": [
             {"system": "baseline", "metric": "throughput", "unit": "samples/s", "rounds": [10.0, 30.0, 20.0], "median": 20.0},
@@ -107,6 +107,7 @@ def test_a_record_has_the_schema_and_finish_prints_it_last(tmp_path, capsys):
         "ratio": 2.25,
         "config": {"steps": 3},
     }
+    assert json.loads(lines[-1]) == returned == want
     assert json.loads((tmp_path / "out" / "result.json").read_text()) == returned
     with pytest.raises(ValueError, match="may not be named ratio"):
         harness.ResultRecord("demo", [], extra={"ratio": 1.0}).to_json()
