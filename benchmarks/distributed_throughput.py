@@ -1,6 +1,6 @@
 """Distributed training throughput: 1, 2 and 4 processes, every sharding type, on this machine.
 
-The foundation benchmark's configuration (batch 2048, 26 tables x 100,000 rows x dim 64, 13
+The reference configuration of ``train_throughput.py`` (batch 2048, 26 tables x 100,000 rows x dim 64, 13
 dense features, bottom MLP 13-512-256-64, top MLP 512-256-1, dot interaction, SGD) trained by
 ``distrec train`` itself: one process, then ``--nproc-per-node N`` with table-, column-,
 row-wise and data-parallel tables, and independent (``local``) embeddings. Each run writes its
@@ -32,7 +32,7 @@ from distrec.report import plot_breakdowns
 SHARDINGS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 
 
-def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
+def reference_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
     """``section.key=value`` items of the reference configuration (``train_throughput.py``'s) on synthetic data."""
     return [
         f"data.synthetic.rows={batch_size * (steps + 2)}",
@@ -55,7 +55,7 @@ def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> li
 def run_config(label: str, procs: int, extra: list[str], args: argparse.Namespace, round_index: int) -> dict:
     """Train one configuration with the CLI; its figures from breakdown.json and summary.json."""
     out = Path(args.out) / label / f"round{round_index}"
-    overrides = harness.set_items(foundation_overrides(args.pooling_factor, args.steps, args.batch_size))
+    overrides = harness.set_items(reference_overrides(args.pooling_factor, args.steps, args.batch_size))
     run = harness.distrec_train(out, [*overrides, *extra], procs, cache_dir=Path(args.out) / "cache")
     step_ms = run.step_ms(COMPONENTS)
     result = {
