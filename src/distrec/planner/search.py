@@ -45,9 +45,9 @@ class SearchOptions:
         candidates: N, the largest and the most expensive chunks tried for a split.
         max_steps: L, beam steps (column splits) at most.
         grid_points: M, dim bounds tried from the mean to ``grid_max`` x the mean, and then
-            no bound, so that the grid only ever adds to the unbounded placement (without
-            it, NeuroShard's plans executed 0.5-5.2% dearer than the no-grid ablation's in
-            14 of 16 cells of ``benchmarks/sharding.py``; with it, 0.988-1.009x on seed 0).
+            no bound, so that the grid only ever adds to the unbounded placement (a grid of
+            bounds alone trades compute balance for dimension balance, which only the
+            all-to-all models reward: benchmarks/results/2026-11-24-neuroshard-planner.md).
         grid_max: the largest dim bound, as a multiple of the mean summed dimension.
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
