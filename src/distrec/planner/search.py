@@ -202,8 +202,9 @@ class NeuroShardSearch:
         dim / table dim: splitting a table never lowers its predicted compute, since the
         shards look up the same floats and each repeats the per-index work. The learned
         per-table cost is convex in the dimension for tables of many lookups, so without
-        this floor two halves of such a table were predicted up to 30% cheaper than the
-        whole, and the search split tables for a gain the hardware does not give.
+        this floor two halves of such a table were predicted cheaper than the whole, and the
+        search split tables for a gain the hardware does not give
+        (benchmarks/results/2026-11-24-neuroshard-planner.md).
         """
         key = (table, dim)
         if key not in self._chunks:
