@@ -24,7 +24,7 @@ FORBIDDEN = [
     ("distrec.models", "distrec.hotline"),
     ("distrec.parallel", "distrec.train"),
     ("distrec.hotline", "distrec.train"),
-    *((("distrec.components", above) for above in ("distrec.train", "distrec.parallel", "distrec.hotline", "distrec.modes", "distrec.cli"))),
+    *(("distrec.components", above) for above in ("distrec.train", "distrec.parallel", "distrec.hotline", "distrec.modes", "distrec.cli")),
 ]
 
 
