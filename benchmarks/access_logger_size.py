@@ -20,7 +20,7 @@ Streams (``--streams``):
   is only 3,942 training rows); k = a tenth and half of the rows it touches.
 - ``movielens``: the MovieLens-100k sample, 200 mini-batches of 256, as ``distrec bench
   hotline`` streams it; k = a tenth of the rows it touches (295: the recall of 0.78 at a 5%
-  sample rate in docs/hotline.md).
+  sample rate in benchmarks/results/2026-11-25-hotline-access-logger.md).
 
 Prints a table per stream; the last line is the harness's result record: the recall of the
 default logger and of the unbounded one (one value per stream and k), and for every stream
