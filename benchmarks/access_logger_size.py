@@ -20,10 +20,11 @@ Streams (``--streams``):
   is only 3,942 training rows); k = a tenth and half of the rows it touches.
 - ``movielens``: the MovieLens-100k sample, 200 mini-batches of 256, as ``distrec bench
   hotline`` streams it; k = a tenth of the rows it touches (295: the recall of 0.78 at a 5%
-  sample rate in docs/hotline.md).
+  sample rate in benchmarks/results/2026-11-25-hotline-access-logger.md).
 
-Prints a table per stream; the last line is one JSON object, for every stream and k the
-figures at the default size and at the former default's (``--out`` also gets every size in
+Prints a table per stream; the last line is the harness's result record: the recall of the
+default logger and of the unbounded one (one value per stream and k), and for every stream
+and k the figures at the default size and at the former default's (``--out`` also gets every size in
 ``access-logger-size.json``, and ``access-logger-size.png``).
 
 Usage:
@@ -151,16 +152,26 @@ def main() -> None:
     save_figure(fig, args.out / "access-logger-size.png")
     atomic_write_json(args.out / "access-logger-size.json", result)
     summary = {name: [summarise(s["results"], k) for k in s["ks"]] for name, s in result["streams"].items()}
-    at_default = [row["default"] for rows in summary.values() for row in rows if "default" in row]
-    harness.finish(
-        {
-            "sample_rate": args.sample_rate,
-            "default_logger_bytes": DEFAULT_LOGGER_BYTES,
-            "streams": summary,
-            "min_recall_at_default": min((r["recall"] for r in at_default), default=None),
-            "max_recall_shortfall_at_default": max((r["unbounded_recall"] - r["recall"] for r in at_default), default=None),
-        }
-    )
+    cases = [(name, row) for name, rows in summary.items() for row in rows if "default" in row]
+    at_default = [row["default"] for _, row in cases]
+    systems = [
+        harness.SystemResult(
+            logger,
+            "recall of the true top k",
+            "fraction",
+            harness.Samples([r[key] for r in at_default]),
+            extra={"cases": [f"{n} top {row['k']}" for n, row in cases]},
+        )
+        for logger, key in (("4 MiB default logger", "recall"), ("unbounded logger", "unbounded_recall"))
+    ]
+    extra = {
+        "sample_rate": args.sample_rate,
+        "default_logger_bytes": DEFAULT_LOGGER_BYTES,
+        "streams": summary,
+        "min_recall_at_default": min((r["recall"] for r in at_default), default=None),
+        "max_recall_shortfall_at_default": max((r["unbounded_recall"] - r["recall"] for r in at_default), default=None),
+    }
+    harness.finish(harness.ResultRecord("access_logger_size", systems, None, extra))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ the pair repeated ``--repeats`` times, in turns, so both see the same machine lo
 
 Printed per workload: the median step (ms), the spread of steps (90th over 10th percentile),
 minor page faults per step and peak RSS, for both settings, and ``speedup`` = baseline
-median / kept median. The last line is one JSON object with every figure.
+median / kept median. The last line is the harness's result record: every step's time per
+workload and setting, ``ratio`` the speedup when one workload ran, and every figure.
 
 Usage:
     python benchmarks/allocator.py
@@ -110,12 +111,14 @@ def main() -> None:
         print(json.dumps(measure(spec["workload"], spec["steps"], spec["warmup"])))
         return
     summary: dict = {"torch": torch.__version__, "steps": args.steps, "repeats": args.repeats}
+    systems = []
     for workload in args.workloads:
         settings = {setting: partial(run_worker, workload, setting, args) for setting in SETTINGS}
         runs = harness.interleaved_rounds(settings, args.repeats, after_round=lambda r: print(f"  {workload} repeat {r + 1}/{args.repeats} done", flush=True))
         figures = {}
         for setting, results in runs.items():
             times = harness.Samples([t for res in results for t in res["times_ms"]])
+            systems.append(harness.SystemResult(f"{workload}, {setting}", "step time", "ms", times))
             figures[setting] = {
                 "median_ms": round(times.median, 2),
                 "p90_over_p10": round(times.spread, 3),
@@ -132,7 +135,8 @@ def main() -> None:
         figures["speedup"] = round(figures["default"]["median_ms"] / figures["keep"]["median_ms"], 3)
         print(f"{workload:7s} speedup (default / keep): {figures['speedup']:.2f}", flush=True)
         summary[workload] = figures
-    harness.finish(summary)
+    ratio = summary[args.workloads[0]]["speedup"] if len(args.workloads) == 1 else None
+    harness.finish(harness.ResultRecord("allocator", systems, ratio, summary))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ same process, alternating in rounds:
   accumulator and the weight updated with ``index_add_``).
 
 Lookup and grouping give bit-for-bit the same results, the update the same to rounding (its
-row norms add their squares in another order); all three are checked here too. Medians in ms; the last line is
-one JSON object.
+row norms add their squares in another order); all three are checked here too. Medians in ms;
+the last line is the harness's result record (one system per part, thread count and
+implementation, its time per round), with ``results``: per part and thread count both medians
+and the speed-up.
 
 Usage:
     python benchmarks/bag_kernels.py                                # 26 x 100,000 x 64, 20 per bag
@@ -24,8 +26,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import numpy as np
 import torch
@@ -119,25 +119,31 @@ def main(argv: list[str] | None = None) -> dict:
         "grouping": (torch_grouping, lambda threads: kernels.group(segments, threads)),
         "update": (torch_update, lambda threads: kernel_update()),  # threads: torch.set_num_threads below
     }
-    times: dict[str, list[float]] = {}
-    for r in range(args.rounds):
-        for threads in args.threads:
+
+    def timed(fn, threads: int):
+        def run(r: int) -> float:
             torch.set_num_threads(threads)
-            for name, (reference, kernel) in cases.items():
-                times.setdefault(f"{name}/{threads}/torch", []).append(harness.median_ms(reference, args.repeats))
-                times.setdefault(f"{name}/{threads}/kernels", []).append(harness.median_ms(lambda: kernel(threads), args.repeats))
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
+            return harness.median_ms(fn, args.repeats)
+
+        return run
+
+    systems = {
+        f"{name}, {threads} threads, {impl}": timed(reference if impl == "torch" else lambda threads=threads, kernel=kernel: kernel(threads), threads)
+        for threads in args.threads
+        for name, (reference, kernel) in cases.items()
+        for impl in ("torch", "kernels")
+    }
+    times = harness.interleaved_rounds(systems, args.rounds, after_round=lambda r: print(f"round {r + 1}/{args.rounds} done", flush=True))
     results = []
     print(f"\n{'part':9s} {'threads':>7s} {'torch ms':>9s} {'kernels ms':>10s} {'speed-up':>8s}")
     for threads in args.threads:
         for name in cases:
-            ref = statistics.median(times[f"{name}/{threads}/torch"])
-            new = statistics.median(times[f"{name}/{threads}/kernels"])
+            ref = harness.Samples(times[f"{name}, {threads} threads, torch"]).median
+            new = harness.Samples(times[f"{name}, {threads} threads, kernels"]).median
             results.append({"part": name, "threads": threads, "torch_ms": round(ref, 2), "kernels_ms": round(new, 2), "speedup": round(ref / new, 2)})
             print(f"{name:9s} {threads:7d} {ref:9.2f} {new:10.2f} {ref / new:8.2f}")
-    summary = {"config": vars(args), "results": results}
-    print(json.dumps(summary))
-    return summary
+    measured = [harness.SystemResult(name, "time per call (median of the round's calls)", "ms", harness.Samples(t)) for name, t in times.items()]
+    return harness.finish(harness.ResultRecord("bag_kernels", measured, None, {"config": vars(args), "results": results}))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the reads of every page at once (``MADV_WILLNEED``). Rounds alternate the two wa
 random rows, evicting every page before each gather; two more ways gather rows already in
 the page cache, with and without the (then useless) readahead, to show what it costs when it
 cannot help. It prints the median ms per gather of each, the readahead's own submission time,
-and the ratios; the last line is one JSON object with every figure.
+and the ratios; the last line is the harness's result record (every gather's ms per way,
+``ratio`` the readahead's speed-up from disk) with every figure.
 
 Usage:
     python benchmarks/cold_gather.py                 # ~30 s, a 1 GB scratch file
@@ -70,7 +71,8 @@ def main() -> None:
     for way, value in medians.items():
         print(f"{way:>16}: {value:6.2f} ms")
     print(f"readahead gathers {result['speedup_readahead']:.2f}x faster from disk, {result['cost_readahead_cached']:.2f}x the time from the page cache")
-    harness.finish(result)
+    systems = [harness.SystemResult(way, "gather time", "ms", harness.Samples(v)) for way, v in ms.items()]
+    harness.finish(harness.ResultRecord("cold_gather", systems, result["speedup_readahead"], result))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 From one collected cost file (``distrec plan collect`` or ``distrec plan calibrate``), a fixed
 share of the samples (``--held-out``, drawn by ``--seed``) is set aside; the models are then
 trained on growing nested subsets of the rest and each is scored on the same held-out
-samples: the compute model (both heads: the default monotone one and the paper's post-sum
-MLP) by its R^2 and median relative error of a device's lookup time, and the all-to-all
+samples: the compute model (both heads: the additive, monotone one and the paper's post-sum
+MLP, the default) by its R^2 and median relative error of a device's lookup time, and the all-to-all
 models per world size by those of a device's forward + backward time. Prints a Markdown
-table, saves it with a PNG, and prints one JSON object as its last line.
+table, saves it with a PNG, and prints the harness's result record as its last line (one
+system per model, its held-out median relative error at each subset size).
 
 Usage:
     python benchmarks/cost_model_samples.py --cost-data ~/.cache/distrec/planner/costs.jsonl --out runs/samples
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import harness
 from distrec.errors import DistrecError
 from distrec.planner.cost_models import COMPUTE_HEADS, comm_inputs, read_cost_samples, start_wait_ms, train_cost_models
 from distrec.planner.types import TableSpec
@@ -111,18 +113,28 @@ def main() -> None:
     (args.out / "table.md").write_text(table)
     save_figure(rows, args.out / "error_vs_samples.png")
     print(table)
-    print(
-        json.dumps(
-            {
-                "rows": rows,
-                "held_out_compute": len(test_compute),
-                "held_out_comm": len(test_comm),
-                "cost_data": str(args.cost_data),
-                "seconds": time.perf_counter() - start,
-                "command": " ".join(["python", *sys.argv]),
-            }
+    models = sorted({(r["head"], k) for r in rows for k in r["held_out"]}, key=lambda m: (m[1] != "compute", m))
+    systems = [
+        harness.SystemResult(
+            f"{name} model ({head} head)" if name == "compute" else f"{name.replace('_', ' ')} devices model ({head} head)",
+            "held-out median relative error",
+            "fraction",
+            harness.Samples([r["held_out"][name]["median_relative_error"] for r in rows if r["head"] == head and name in r["held_out"]]),
+            extra={
+                "training_samples": [r["compute_samples" if name == "compute" else "comm_samples"] for r in rows if r["head"] == head and name in r["held_out"]]
+            },
         )
-    )
+        for head, name in models
+    ]
+    extra = {
+        "rows": rows,
+        "held_out_compute": len(test_compute),
+        "held_out_comm": len(test_comm),
+        "cost_data": str(args.cost_data),
+        "seconds": time.perf_counter() - start,
+        "command": " ".join(["python", *sys.argv]),
+    }
+    harness.finish(harness.ResultRecord("cost_model_samples", systems, None, extra))
 
 
 def markdown(rows: list[dict]) -> str:
@@ -136,12 +148,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def save_figure(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, (ax,) = harness.figure()
     for head in COMPUTE_HEADS:
         mine = [r for r in rows if r["head"] == head]
         ax.plot(
@@ -158,9 +165,7 @@ def save_figure(rows: list[dict], path: Path) -> None:
         )
     ax.set(xscale="log", xlabel="training samples (compute; all-to-all for comm)", ylabel="held-out median relative error", title="cost-model error vs samples")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.save_png(fig, path)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ For each real sample and seed, interleaved, ``distrec train`` runs
   one epoch), for reference;
 
 and, on the default synthetic data set, ``defaults`` and ``old_defaults`` too. Prints a
-table; the last line is one JSON object with, per data set and variant, the holdout AUC of
-every seed, its mean and standard deviation, the steps trained, and
+table; the last line is the harness's result record (one system per data set and variant,
+its holdout AUC per seed) with, per data set and variant, the holdout AUC of every seed, its mean and standard deviation, the steps trained, and
 ``defaults_minus_tuned`` (mean AUC, same holdout). Writes OUT/defaults.json and
 OUT/defaults.png.
 
@@ -104,7 +104,12 @@ def main() -> None:
         delta = f"  defaults - tuned {r['defaults_minus_tuned']:+.4f}" if "defaults_minus_tuned" in r else ""
         print(f"{name:10s} {row}{delta}")
     plot(results, out / "defaults.png")
-    harness.finish(results, out / "defaults.json")
+    systems = [
+        harness.SystemResult(f"{name}, {variant}", "holdout AUC", "AUC", harness.Samples(r[variant]["auc"]))
+        for name, r in results.items()
+        for variant in variants(name)
+    ]
+    harness.finish(harness.ResultRecord("defaults", systems, None, results), out / "defaults.json")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Distributed training throughput: 1, 2 and 4 processes, every sharding type, on this machine.
 
-The foundation benchmark's configuration (batch 2048, 26 tables x 100,000 rows x dim 64, 13
+The reference configuration of ``train_throughput.py`` (batch 2048, 26 tables x 100,000 rows x dim 64, 13
 dense features, bottom MLP 13-512-256-64, top MLP 512-256-1, dot interaction, SGD) trained by
 ``distrec train`` itself: one process, then ``--nproc-per-node N`` with table-, column-,
 row-wise and data-parallel tables, and independent (``local``) embeddings. Each run writes its
@@ -9,8 +9,9 @@ steps), and every figure is a ratio against the one-process run measured in the 
 invocation. Bytes are what rank 0 sends per step in each exchange. The breakdowns are also
 drawn into one PNG (one stacked bar per configuration). With ``--rounds R`` every
 configuration runs R times, the configurations in turns, and the round with the median step
-time is reported. The last line printed is one JSON object with every figure, also written
-to OUT/distributed_throughput.json.
+time is reported. The last line printed is the harness's result record (every
+configuration's samples/s per round) with every figure, also written to
+OUT/distributed_throughput.json.
 
 Usage:
     python benchmarks/distributed_throughput.py                    # ~5 minutes on 2 cores
@@ -31,8 +32,8 @@ from distrec.report import plot_breakdowns
 SHARDINGS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 
 
-def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
-    """``section.key=value`` items of the foundation issue's configuration on synthetic data."""
+def reference_overrides(pooling_factor: int, steps: int, batch_size: int) -> list[str]:
+    """``section.key=value`` items of the reference configuration (``train_throughput.py``'s) on synthetic data."""
     return [
         f"data.synthetic.rows={batch_size * (steps + 2)}",
         "data.synthetic.num_sparse=26",
@@ -54,7 +55,7 @@ def foundation_overrides(pooling_factor: int, steps: int, batch_size: int) -> li
 def run_config(label: str, procs: int, extra: list[str], args: argparse.Namespace, round_index: int) -> dict:
     """Train one configuration with the CLI; its figures from breakdown.json and summary.json."""
     out = Path(args.out) / label / f"round{round_index}"
-    overrides = harness.set_items(foundation_overrides(args.pooling_factor, args.steps, args.batch_size))
+    overrides = harness.set_items(reference_overrides(args.pooling_factor, args.steps, args.batch_size))
     run = harness.distrec_train(out, [*overrides, *extra], procs, cache_dir=Path(args.out) / "cache")
     step_ms = run.step_ms(COMPONENTS)
     result = {
@@ -107,7 +108,9 @@ def main() -> None:
             f"{label:<22} {r['samples_per_s']:>10,.0f} {r['ratio']:>6.2f} {b['input_all_to_all'] / 1e3:>10,.0f} "
             f"{b['output_all_to_all'] / 1e3:>11,.0f} {b['gradient_all_reduce'] / 1e3:>13,.0f}"
         )
-    harness.finish({"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}, Path(args.out) / "distributed_throughput.json")
+    systems = [harness.SystemResult(label, "throughput", "samples/s", harness.Samples(r["samples_per_s_per_round"])) for label, r in results.items()]
+    extra = {"config": vars(args), "baseline": "1p", "plot": str(png), "runs": results}
+    harness.finish(harness.ResultRecord("distributed_throughput", systems, None, extra), Path(args.out) / "distributed_throughput.json")
 
 
 if __name__ == "__main__":

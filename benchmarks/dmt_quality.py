@@ -22,7 +22,8 @@ not fit this 2-core machine's time budget. SPTT without tower modules equals the
 exchange exactly, so SPTT-DLRM's AUC is DLRM's and is not listed.
 
 Prints a table (mean and standard deviation over seeds; DMT - baseline paired by seed, with
-a paired t-test and a Wilcoxon signed-rank test) and, last, one JSON object: ``auc_mean`` per
+a paired t-test and a Wilcoxon signed-rank test) and, last, the harness's result record (one
+system per data set, compression ratio and model, its test AUC per seed) with ``auc_mean`` per
 data set, compression ratio and model, ``dmt_minus_baseline`` (the paired differences),
 ``partitioner_p_value_vs_naive`` per data set (benchmarks/tower_partitioner.py's
 ``partitioner_study`` over ``--partitioner-seeds`` seeds, towers ``tp`` vs ``naive`` only:
@@ -272,7 +273,13 @@ def main(argv: list[str] | None = None) -> dict:
         "partitioner": partitioner,
         "results": results,
     }
-    return harness.finish(summary, out / "dmt_quality.json")
+    systems = [
+        harness.SystemResult(f"{name}, CR {cr}, {model}", "test AUC", "AUC", harness.Samples(aucs))
+        for name, r in results.items()
+        for cr, by_model in r["auc"].items()
+        for model, aucs in by_model.items()
+    ]
+    return harness.finish(harness.ResultRecord("dmt_quality", systems, None, summary), out / "dmt_quality.json")
 
 
 if __name__ == "__main__":

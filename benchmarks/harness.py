@@ -4,15 +4,20 @@ The benchmark scripts import it as a sibling module (``import harness``: a scrip
 folder is first on ``sys.path``). It uses only distrec's public surface.
 
 - options: :func:`add_options` declares typed command-line options from their defaults;
-- launching: :func:`run_worker` (one measurement in a fresh process), :func:`distrec_train`
-  (``distrec train``, optionally ``--nproc-per-node N``), :func:`launch_ranks` (one process
-  per rank with torchrun's environment, :func:`rank_env`, e.g. inside network namespaces);
+- launching: :func:`run_worker` (one measurement in a fresh process, optionally under another
+  interpreter), :func:`distrec_train` (``distrec train``, optionally ``--nproc-per-node N``),
+  :func:`launch_ranks` (one process per rank with torchrun's environment, :func:`rank_env`,
+  e.g. inside network namespaces);
 - timing: :func:`interleaved_rounds` runs the baseline and the candidates in turns, so that
   every one sees the same machine load; :class:`Samples` holds one system's measurements
-  and gives their median and spread; :func:`median_ms` times one call in this process;
+  and gives their median and spread; :func:`timed_ms` times one call with the clock of its
+  device (CUDA events on a GPU, ``time.perf_counter`` otherwise), :func:`median_ms` the
+  median of several;
 - training: :func:`train_epochs` trains a distrec model in this process with distrec's
   training step (for quality benchmarks);
-- results: :func:`finish` writes the result JSON atomically and prints it as the last line;
+- results: every benchmark ends with one :class:`ResultRecord` (its name, one
+  :class:`SystemResult` per system and metric, the headline ratio and any further figures),
+  which :func:`finish` writes atomically and prints as the last line of output;
   :func:`figure` / :func:`save_png` draw a PNG whose axes must be labelled.
 """
 
@@ -31,14 +36,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+import torch
 
+import distrec
 from distrec.io import atomic_write_bytes, atomic_write_json
 
 R = TypeVar("R")
 WORKER_FLAG = "--worker"
+DISTREC_ROOT = str(Path(distrec.__file__).resolve().parents[1])  # the folder distrec is imported from
 
 
 # ----------------------------------------------------------------------------- options
@@ -68,6 +76,9 @@ class Samples:
 
     values: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.values = [float(v) for v in self.values]
+
     def add(self, value: float) -> None:
         self.values.append(float(value))
 
@@ -85,38 +96,76 @@ class Samples:
         return {"median": round(self.median, digits), "p90_over_p10": round(self.spread, 3), "values": [round(v, digits) for v in self.values]}
 
 
+Order = Literal["given", "alternate", "rotate"]
+
+
+def round_order(count: int, round_index: int, order: Order, shuffle: np.random.Generator | None) -> list[int]:
+    """The order in which ``count`` systems run in round ``round_index`` (see :func:`interleaved_rounds`)."""
+    if shuffle is not None:
+        return [int(k) for k in shuffle.permutation(count)]
+    given = list(range(count))
+    if order == "alternate":
+        return given if round_index % 2 == 0 else given[::-1]
+    if order == "rotate":
+        first = round_index % count
+        return given[first:] + given[:first]
+    return given
+
+
 def interleaved_rounds(
-    systems: Mapping[str, Callable[[int], R]], rounds: int, shuffle_seed: int | None = None, after_round: Callable[[int], None] | None = None
+    systems: Mapping[str, Callable[[int], R]],
+    rounds: int,
+    shuffle_seed: int | None = None,
+    after_round: Callable[[int], None] | None = None,
+    order: Order = "given",
 ) -> dict[str, list[R]]:
     """Run every system once per round (``run(round_index)``), in turns, and collect what each returned.
 
-    The systems run in their given order (baseline first), or, with ``shuffle_seed``, in a
-    new random order every round (``numpy.random.default_rng(shuffle_seed).permutation``),
-    so that none always follows another. Medians over the rounds then compare systems
-    measured under the same machine load.
+    The systems run in their given order (baseline first); with ``order="alternate"`` in
+    reverse every other round, with ``"rotate"`` starting one later each round; with
+    ``shuffle_seed``, in a new random order every round
+    (``numpy.random.default_rng(shuffle_seed).permutation``), so that none always follows
+    another. Medians over the rounds then compare systems measured under the same machine load.
     """
+    if shuffle_seed is not None and order != "given":
+        raise ValueError("interleaved_rounds: give a shuffle_seed or an order, not both")
     names = list(systems)
-    order = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    shuffle = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
     results: dict[str, list[R]] = {name: [] for name in names}
     for r in range(rounds):
-        for k in order.permutation(len(names)) if order is not None else range(len(names)):
+        for k in round_order(len(names), r, order, shuffle):
             results[names[k]].append(systems[names[k]](r))
         if after_round is not None:
             after_round(r)
     return results
 
 
+def timed_ms(fn: Callable[[], R], device: torch.device | str = "cpu") -> tuple[R, float]:
+    """Call ``fn`` once; what it returned and how long it took, ms.
+
+    On a CUDA device the time is that of a pair of CUDA events around the call, read after
+    the device synchronises, so kernels still queued when ``fn`` returns are counted; on any
+    other device, the wall time (``time.perf_counter``).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return result, float(start.elapsed_time(end))
+    started = time.perf_counter()
+    result = fn()
+    return result, (time.perf_counter() - started) * 1e3
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu") -> float:
+    """Median time of ``fn`` over ``repeats`` calls in this process (:func:`timed_ms`), ms."""
+    return statistics.median(timed_ms(fn, device)[1] for _ in range(repeats))
+
+
 # ----------------------------------------------------------------------------- launching
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls in this process, ms."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def last_json_line(text: str) -> Any:
@@ -124,13 +173,19 @@ def last_json_line(text: str) -> Any:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def run_worker(script: str | Path, spec: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
+def run_worker(script: str | Path, spec: Mapping[str, Any], env: Mapping[str, str] | None = None, python: str | None = None) -> Any:
     """Run ``python script --worker SPEC_JSON`` in a fresh process; the JSON of its last line.
 
     A fresh process inherits no allocator state, caches or threads from another system.
+    ``python`` runs it under another interpreter (e.g. a virtual environment with a peer
+    library); distrec's own folder then goes first on its ``PYTHONPATH``, since the script
+    imports this harness, which imports distrec.
     """
-    command = [sys.executable, os.path.abspath(script), WORKER_FLAG, json.dumps(spec)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    env = {**os.environ, **(env or {})}
+    if python is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (DISTREC_ROOT, env.get("PYTHONPATH")) if p)
+    command = [python or sys.executable, os.path.abspath(script), WORKER_FLAG, json.dumps(spec)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{Path(script).name}: worker {json.dumps(spec)} failed:\n{done.stderr[-3000:]}")
     return last_json_line(done.stdout)
@@ -246,8 +301,56 @@ def train_epochs(
 # ----------------------------------------------------------------------------- results
 
 
-def finish(result: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
-    """Write ``result`` to ``path`` (JSON, atomically), then print it as the last line of output."""
+@dataclass
+class SystemResult:
+    """One system's measurements of one metric, one value per round (or per seed, run, ...).
+
+    ``extra`` holds further figures of the system (e.g. its memory), written beside these.
+    """
+
+    system: str
+    metric: str
+    unit: str
+    rounds: Samples
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return self.rounds.median
+
+    def to_json(self) -> dict[str, Any]:
+        return {"system": self.system, "metric": self.metric, "unit": self.unit, "rounds": self.rounds.values, "median": self.median, **self.extra}
+
+
+RECORD_KEYS = ("benchmark", "systems", "ratio")
+
+
+@dataclass
+class ResultRecord:
+    """What every benchmark reports, the last line it prints.
+
+    ``benchmark`` is the script's name; ``systems`` one entry per system and metric (its
+    rounds and their median); ``ratio`` the headline comparison (the candidate's median over
+    the baseline's, as the benchmark defines it; None when it compares several configurations,
+    whose ratios are then among the extra figures); ``extra`` every further figure, written
+    beside these keys.
+    """
+
+    benchmark: str
+    systems: list[SystemResult]
+    ratio: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        clash = [k for k in RECORD_KEYS if k in self.extra]
+        if clash:
+            raise ValueError(f"{self.benchmark}: extra figures may not be named {', '.join(clash)}")
+        return {"benchmark": self.benchmark, "systems": [s.to_json() for s in self.systems], "ratio": self.ratio, **self.extra}
+
+
+def finish(record: ResultRecord, path: str | Path | None = None) -> dict[str, Any]:
+    """Write ``record`` to ``path`` (JSON, atomically), then print it as the last line of output; its JSON."""
+    result = record.to_json()
     if path is not None:
         atomic_write_json(Path(path), result)
     print(json.dumps(result), flush=True)

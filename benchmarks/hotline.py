@@ -60,7 +60,8 @@ Drift: a smaller model on data whose popular rows move every ``drift_period`` mi
 fraction is printed per relearn window: settled, right after the shift, and one relearn
 period later (restored when it is back within 10% of the settled value).
 
-The last line printed is one JSON object with every figure (``ratio_vs_slow_tier`` = c/b,
+The last line printed is the harness's result record (every system's step times, its
+figures beside them; ``ratio`` = c/b) with every figure (``ratio_vs_slow_tier`` = c/b,
 ``ratio_vs_in_memory`` = c/a, ``ceiling_ratio_vs_slow_tier`` = a/b: what c/b would be if
 Hotline trained as fast as all tables in RAM); ``--out`` also gets ``hotline-speed.json``,
 ``hotline-speed.png`` (samples/s and KiB read from disk per step, per system) and, with the
@@ -390,13 +391,13 @@ def drift(setup: Setup, out: Path, period_steps: int = 60, relearn_every: int = 
     }
 
 
-def plot(result: dict, out: Path) -> None:
+def plot(systems: dict[str, dict], drift: dict | None, out: Path) -> None:
     """``hotline-speed.png``: samples/s and disk reads per step of every system; with the
     drift run, ``hotline-drift.png``: its popular fraction per mini-batch, re-learning and
     shifts marked."""
-    harness.save_png(systems_figure(result["systems"]), out / "hotline-speed.png")
-    if "drift" in result:
-        d = result["drift"]
+    harness.save_png(systems_figure(systems), out / "hotline-speed.png")
+    if drift is not None:
+        d = drift
         harness.save_png(
             popular_fraction_figure(d["popular_fraction_per_step"], d["relearned_after_steps"], d["shifted_after_steps"]), out / "hotline-drift.png"
         )
@@ -422,7 +423,6 @@ def main() -> None:
         "setup": asdict(setup),
         "table_bytes": setup.table_bytes,
         "page_cache_bytes": parse_bytes(setup.page_cache, "--page-cache"),
-        "systems": systems,
         "ratio_vs_slow_tier": systems["hotline"]["samples_per_s"] / systems["slow_tier"]["samples_per_s"],
         "ratio_vs_in_memory": systems["hotline"]["samples_per_s"] / systems["in_memory"]["samples_per_s"],
         "ratio_vs_slow_tier_fault_by_fault": systems["hotline"]["samples_per_s"] / systems["slow_tier_fault_by_fault"]["samples_per_s"],
@@ -442,8 +442,12 @@ def main() -> None:
         result["drift"] = drift(setup, args.out)
         d = result["drift"]
         print(f"drift: popular {d['settled']:.2f} settled, {d['after_shift']:.2f} after the shift, {d['one_relearn_later']:.2f} one relearn later")
-    plot(result, args.out)
-    harness.finish(result, args.out / "hotline-speed.json")
+    plot(systems, result.get("drift"), args.out)
+    measured = [
+        harness.SystemResult(name, "step time", "ms", harness.Samples(figures["ms_per_step"]), {k: v for k, v in figures.items() if k != "ms_per_step"})
+        for name, figures in systems.items()
+    ]
+    harness.finish(harness.ResultRecord("hotline", measured, result["ratio_vs_slow_tier"], result), args.out / "hotline-speed.json")
 
 
 if __name__ == "__main__":

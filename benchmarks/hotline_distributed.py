@@ -38,7 +38,8 @@ that CPU time is also split by thread: the training thread, Hotline's worker (th
 exchange) and the rest (the communication library's threads). Every
 rank computes with one thread (``OMP_NUM_THREADS=1``, ``OMP_WAIT_POLICY=PASSIVE``).
 
-The last line printed is one JSON object: per setting ``bytes_ratio`` (Hotline's total bytes
+The last line printed is the harness's result record (every system's samples/s per round in
+each setting; ``ratio`` = ``speedup`` when one setting ran): per setting ``bytes_ratio`` (Hotline's total bytes
 per step / the sharded trainer's), ``speedup`` (the ratio of the systems' median samples/s),
 ``speedup_median_of_rounds`` (the median of the rounds' ratios) and
 ``popular_fraction``, on the cluster also ``link_ceiling`` and ``speedup_over_fast_links``
@@ -179,10 +180,15 @@ def worker(spec_file: str) -> None:
         rounds: dict[str, list[dict]] = {label: [] for label in labels}
         for r in range(spec["rounds"]):
             records = {label: StepRecords() for label in labels}
-            for step in range(spec["timed_steps"]):
-                for label in labels if step % 2 == 0 else labels[::-1]:
+
+            def turn(label: str):
+                def step(s: int) -> None:
                     with fast_links(spec["link_rates"], rank) if label == FAST_LINKS else contextlib.nullcontext():
                         turn_of[label].timed(records[label])
+
+                return step
+
+            harness.interleaved_rounds({label: turn(label) for label in labels}, spec["timed_steps"], order="alternate")  # step by step
             for label in labels:
                 rounds[label].append(records[label].figures(turn_of[label]))  # a collective
                 if rank == 0:
@@ -356,7 +362,10 @@ def summarize(measured: dict) -> dict:
         "speedup": round(medians["hotline"] / medians["sharded"], 3),
         "speedup_per_round": [round(h["samples_per_s"] / s["samples_per_s"], 3) for h, s in zip(rounds["hotline"], rounds["sharded"])],
         "popular_fraction": round(hot["popular_fraction"], 4),
-        "systems": {name: {**r, "samples_per_s_median": medians[name]} for name, r in pick.items()},
+        "systems": {
+            name: {**r, "samples_per_s_median": medians[name], "samples_per_s_per_round": [x["samples_per_s"] for x in rounds[name]]}
+            for name, r in pick.items()
+        },
     }
     # the two systems of a round ran minutes apart at most, so each round's ratio sees the same machine
     result["speedup_median_of_rounds"] = round(median(result["speedup_per_round"]), 3)
@@ -417,7 +426,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the namespaces are removed on kill too
     results = {setting: summarize(run_setting(setting, args)) for setting in args.settings}
     print_table(results)
-    harness.finish({"config": vars(args), "baseline": "sharded", **results}, Path(args.out) / "hotline_distributed.json")
+    systems = [
+        harness.SystemResult(f"{name} ({setting})", "throughput", "samples/s", harness.Samples(s["samples_per_s_per_round"]))
+        for setting, r in results.items()
+        for name, s in r["systems"].items()
+    ]
+    ratio = results[args.settings[0]]["speedup"] if len(args.settings) == 1 else None
+    harness.finish(
+        harness.ResultRecord("hotline_distributed", systems, ratio, {"config": vars(args), "baseline": "sharded", **results}),
+        Path(args.out) / "hotline_distributed.json",
+    )
 
 
 if __name__ == "__main__":

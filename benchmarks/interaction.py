@@ -1,6 +1,6 @@
 """DLRM's dot interaction and dense layers, forward + backward: distrec's against plain PyTorch.
 
-For one batch of the issue-17 workload (2,048 samples, 26 sparse vectors of dim 64, bottom MLP
+For one batch of the TorchRec comparison's workload (``vs_torchrec.py``: 2,048 samples, 26 sparse vectors of dim 64, bottom MLP
 13-512-256-64, top MLP 415-512-256-1), times in one process, alternating in rounds:
 
 - ``interaction``: ``distrec.models.interaction.DotInteraction`` (its compiled kernels on the
@@ -11,7 +11,8 @@ For one batch of the issue-17 workload (2,048 samples, 26 sparse vectors of dim 
   backward) with each interaction, the MLPs shared.
 
 Both interactions give the same output and gradients to float32 rounding (checked here too).
-Medians in ms per thread count; the last line is one JSON object.
+Medians in ms per thread count; the last line is the harness's result record (one system per
+part, thread count and interaction, its time per round), with ``ms`` and ``speedup``.
 
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/interaction.py                 # 1 and 2 threads
@@ -21,8 +22,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -85,27 +84,31 @@ def main(argv: list[str] | None = None) -> dict:
     def dense_step(module: nn.Module) -> Callable[[], None]:
         return lambda: top(module(bottom(dense_in), sparse)).sum().backward()
 
+    def timed(make: Callable[[nn.Module], Callable[[], None]], module: nn.Module) -> Callable[[int], float]:
+        return lambda r: harness.median_ms(make(module), args.repeats)
+
     times: dict[str, list[float]] = {}
     for threads in args.threads:
         torch.set_num_threads(threads)
         for make in (interaction_step, dense_step):
             for module in interactions.values():
                 make(module)()  # warm-up (and the kernels' first load from numba's cache)
-        for r in range(args.rounds):
-            for part, make in (("interaction", interaction_step), ("dense", dense_step)):
-                order = list(interactions.items()) if r % 2 == 0 else list(interactions.items())[::-1]
-                for name, module in order:
-                    times.setdefault(f"{part} {threads}t {name}", []).append(harness.median_ms(make(module), args.repeats))
+        systems = {
+            f"{part}, {threads} threads, {name}": timed(make, module)
+            for part, make in (("interaction", interaction_step), ("dense", dense_step))
+            for name, module in interactions.items()
+        }
+        times |= harness.interleaved_rounds(systems, args.rounds, order="alternate")
     result: dict = {"config": vars(args), "ms": {}, "speedup": {}}
     for threads in args.threads:
         for part in ("interaction", "dense"):
-            d = statistics.median(times[f"{part} {threads}t distrec"])
-            b = statistics.median(times[f"{part} {threads}t plain"])
+            d = harness.Samples(times[f"{part}, {threads} threads, distrec"]).median
+            b = harness.Samples(times[f"{part}, {threads} threads, plain"]).median
             result["ms"][f"{part}_{threads}t"] = {"distrec": round(d, 2), "plain": round(b, 2)}
             result["speedup"][f"{part}_{threads}t"] = round(b / d, 3)
             print(f"{part:>11}, {threads} thread(s): distrec {d:7.2f} ms  plain {b:7.2f} ms  speed-up {b / d:5.2f}")
-    print(json.dumps(result))
-    return result
+    measured = [harness.SystemResult(name, "forward + backward (median of the round's calls)", "ms", harness.Samples(t)) for name, t in times.items()]
+    return harness.finish(harness.ResultRecord("interaction", measured, None, result))
 
 
 if __name__ == "__main__":

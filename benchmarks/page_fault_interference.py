@@ -18,7 +18,8 @@ fixed MLP forward and backward (one compute thread, like the benchmarks of
 
 The placed modes need a disk whose interrupts are found and a CPU left over; otherwise they
 are skipped. It prints the compute thread's median ms per iteration for each, and the ratios
-to ``idle`` (1.0: no interference). The last line is one JSON object with every figure.
+to ``idle`` (1.0: no interference). The last line is the harness's result record (the compute
+thread's ms per round in each mode) with every figure.
 
 Usage:
     python benchmarks/page_fault_interference.py            # ~1 minute, a 1 GB scratch file
@@ -118,7 +119,8 @@ def main() -> None:
     }
     for mode, ms in medians.items():
         print(f"{mode:>22}: {ms:6.1f} ms per iteration, {ms / medians['idle']:.2f}x idle")
-    harness.finish(result)
+    systems = [harness.SystemResult(mode, "compute thread's iteration", "ms", harness.Samples(t)) for mode, t in times.items()]
+    harness.finish(harness.ResultRecord("page_fault_interference", systems, None, result))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ categorical features hashed into the same table rows distrec uses, plus the dens
 standardised on the training rows. ``lr_best_c`` is the same model with C picked from a
 grid by its AUC on the holdout itself: an optimistic bound for any tuned LR.
 
-Prints a table, then (last line) one JSON object: per data set the distrec AUC of every
-seed, its mean and standard deviation, the LR AUCs, ``gain`` = distrec mean - LR mean, with
+Prints a table, then (last line) the harness's result record (distrec and the LR per data set,
+their holdout AUC per seed) with, per data set, the distrec AUC of every seed, its mean and standard deviation, the LR AUCs, ``gain`` = distrec mean - LR mean, with
 ``gain_std`` the standard deviation of the per-seed (paired) gains, and ``seeds_won``.
 Writes OUT/quality.json and OUT/quality.png.
 
@@ -154,7 +154,12 @@ def main() -> None:
             f"{r['gain']:+.4f} +- {r['gain_std']:.4f} {r['seeds_won']:>6d}/{len(r['auc'])}"
         )
     plot(results, out / "quality.png")
-    harness.finish(results, out / "quality.json")
+    systems = [
+        harness.SystemResult(f"{name}, {system}", "holdout AUC", "AUC", harness.Samples(r[key]))
+        for name, r in results.items()
+        for system, key in (("distrec", "auc"), ("hashed LR, C=1", "lr"))
+    ]
+    harness.finish(harness.ResultRecord("quality", systems, None, results), out / "quality.json")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+import harness
 from distrec.errors import DistrecError
 from distrec.planner.api import plan_tables
 from distrec.planner.collect import run_collect
@@ -193,6 +194,7 @@ def run_setting(devices: int, max_dim: int, args, models: dict[str, CostModels],
     algorithms = {
         v: {
             "mean_ms": mean_cost(v, solved[v]),
+            "task_ms": [real[(i, v)] for i in solved[v]],
             "success": len(solved[v]) / attempted[v] if attempted[v] else None,
             "search_time_s": statistics.fmean(planned[i][v]["report"]["search_time_s"] for i in solved[v]) if solved[v] else None,
         }
@@ -335,20 +337,13 @@ def markdown_table(settings: list[dict]) -> str:
 
 def save_figure(pairs: list[tuple[float, float]], path: Path) -> None:
     """Predicted against executed cost of NeuroShard's plans (the paper's Fig. 8 left)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     predicted, executed = np.array(pairs).T
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    fig, (ax,) = harness.figure(width=4.5, height=4.5)
     ax.scatter(executed, predicted, s=10)
     top = max(executed.max(), predicted.max()) * 1.05
     ax.plot([0, top], [0, top], color="grey", linewidth=1)
     ax.set(xlabel="executed cost (ms)", ylabel="predicted cost (ms)", title="NeuroShard plans: simulated vs real", xlim=(0, top), ylim=(0, top))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.save_png(fig, path)
 
 
 def main() -> None:
@@ -387,9 +382,14 @@ def main() -> None:
     if pairs:
         save_figure(pairs, args.out / "predicted_vs_real.png")
     (args.out / "table.md").write_text(markdown_table(settings))
-    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(markdown_table(settings))
-    print(json.dumps(result))
+    systems = [
+        harness.SystemResult(f"{v} ({s['devices']} devices, max dim {s['max_dim']})", "executed cost per solved task", "ms", harness.Samples(a["task_ms"]))
+        for s in settings
+        for v, a in s["algorithms"].items()
+        if v in VARIANTS[: 1 + len(BASELINES)] and a["task_ms"]
+    ]
+    harness.finish(harness.ResultRecord("sharding", systems, None, result), args.out / "results.json")
 
 
 if __name__ == "__main__":

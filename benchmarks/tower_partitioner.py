@@ -24,7 +24,9 @@ data whose clicks depend on factorisation-machine interactions inside 4 hidden g
 (``scipy.stats.mannwhitneyu``) of the per-seed AUCs, as the paper tests its Table 6.
 
 :func:`partitioner_study` returns the numbers (importable: ``benchmarks/dmt_quality.py``
-uses it); run as a script it prints a table and, last, one JSON object.
+uses it); run as a script it prints a table and, last, the harness's result record (one system
+per data set and tower method, its AUC per seed) with the means and p-values per data set
+(with ``--stability``: the interactions per epoch instead, no systems).
 
     python benchmarks/tower_partitioner.py                       # 3 data sets, 10 seeds
     python benchmarks/tower_partitioner.py --quick               # 2 seeds, 1 epoch
@@ -376,7 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.seeds, args.epochs = min(args.seeds, 2), 1
     options = StudyOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(StudyOptions)})
     if args.stability:
-        return harness.finish({name: interaction_stability(name, 2, args.stability, options) for name in args.datasets})
+        stability = {name: interaction_stability(name, 2, args.stability, options) for name in args.datasets}
+        return harness.finish(harness.ResultRecord("tower_partitioner", [], None, stability))
     results = partitioner_study(args.datasets, args.seeds, options, args.methods)
     print(format_table(table_rows(results, args.methods)))
     compact = {
@@ -389,7 +392,12 @@ def main(argv: list[str] | None = None) -> dict:
         for name, r in results.items()
     }
     atomic_write_json(Path(args.out) / "tower_partitioner.json", {"seeds": args.seeds, "options": dataclasses.asdict(options), "results": results})
-    return harness.finish(compact)
+    systems = [
+        harness.SystemResult(f"{name}, {method}", "validation AUC", "AUC", harness.Samples(aucs))
+        for name, r in results.items()
+        for method, aucs in r["auc"].items()
+    ]
+    return harness.finish(harness.ResultRecord("tower_partitioner", systems, None, compact))
 
 
 if __name__ == "__main__":

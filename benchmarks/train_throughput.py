@@ -1,6 +1,6 @@
 """Training throughput of distrec against plain PyTorch, on Criteo-shaped synthetic data.
 
-The configuration is the foundation issue's: batch 2048, 26 tables x 100,000 rows x dim 64,
+The configuration is the project's reference workload: batch 2048, 26 tables x 100,000 rows x dim 64,
 13 dense features, bottom MLP 13-512-256-64, top MLP 415-512-256-1, dot interaction,
 pooling factor 1 (``--pooling-factor 20`` for multi-hot bags). Systems:
 
@@ -10,12 +10,13 @@ pooling factor 1 (``--pooling-factor 20`` for multi-hot bags). Systems:
   sgd, adagrad (row-wise for embeddings) or adam (lazy for embeddings).
 
 Each measurement runs in a fresh worker process (so no system inherits another's allocator
-state, caches or threads) and takes the median of per-step times; the workers of one repeat
-run back to back, repeats interleave the systems, and the median over repeats is reported,
-so ratios compare systems measured under the same machine load. The data (Zipf indices from
-``distrec.data.synthetic``) is generated before timing starts. The last line printed is one
-JSON object with every figure: ``ratio`` is distrec-sgd over the baseline, ``ratio_adagrad``
-and ``ratio_adam`` the other optimizers over the same baseline.
+state, caches or threads) and takes the median of per-step times (the harness's clock for
+the device); the workers of one repeat run back to back, repeats interleave the systems, and
+the median over repeats is reported, so ratios compare systems measured under the same
+machine load. The data (Zipf indices from ``distrec.data.synthetic``) is generated before
+timing starts. The last line printed is the harness's result record with every figure:
+``ratio`` is distrec-sgd over the baseline, ``ratio_adagrad`` and ``ratio_adam`` the other
+optimizers over the same baseline, and each system's figures under its name.
 
 Usage:
     python benchmarks/train_throughput.py                       # all optimizers, pooling 1
@@ -28,17 +29,16 @@ import argparse
 import json
 import os
 import resource
-import statistics
-import subprocess
-import sys
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import harness
 from distrec.components.optim import OPTIMIZER_NAMES, make_optimizers
 from distrec.components.step import TrainStep
 from distrec.config import DataConfig, ModelConfig, SyntheticConfig
@@ -169,24 +169,18 @@ def measure(setup: Setup, system: str, optimizer: str) -> dict:
         step, optimizers = distrec_step_fn(setup, tables, optimizer)
     for i in range(setup.warmup_steps):
         step(batches[i % len(batches)])
-    seconds = []
-    for i in range(setup.timed_steps):
-        start = time.perf_counter()
-        float(step(batches[i % len(batches)]))
-        seconds.append(time.perf_counter() - start)
+    ms = harness.Samples([harness.timed_ms(lambda: float(step(batches[i % len(batches)])))[1] for i in range(setup.timed_steps)])
     return {
-        "samples_per_s": setup.batch_size / statistics.median(seconds),
+        "samples_per_s": setup.batch_size / ms.median * 1e3,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "rss_before_model_bytes": rss_before,
         "state_bytes": state_bytes(optimizers),
     }
 
 
-def run_worker(setup: Setup, system: str, optimizer: str) -> dict:
+def run_worker(setup: Setup, system: str, optimizer: str, round_index: int) -> dict:
     """``measure`` in a fresh Python process."""
-    spec = json.dumps({"setup": asdict(setup), "system": system, "optimizer": optimizer})
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return harness.run_worker(__file__, {"setup": asdict(setup), "system": system, "optimizer": optimizer})
 
 
 def main() -> None:
@@ -198,7 +192,7 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--timed-steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument(harness.WORKER_FLAG, dest="worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
@@ -213,28 +207,34 @@ def main() -> None:
         threads=args.threads,
     )
     optimizers = list(OPTIMIZER_NAMES) if args.optimizer == "all" else [args.optimizer]
-    systems = [("baseline", "sgd")] + [("distrec", name) for name in optimizers]
-    runs: dict[str, list[dict]] = {f"{s}-{o}" if s == "distrec" else s: [] for s, o in systems}
+    systems = {"baseline": partial(run_worker, setup, "baseline", "sgd")} | {f"distrec-{o}": partial(run_worker, setup, "distrec", o) for o in optimizers}
     print(
         f"batch {setup.batch_size}, {setup.num_tables} tables x {setup.table_rows} rows x dim {setup.dim}, "
         f"pooling {setup.pooling_factor}, {setup.threads} threads, torch {torch.__version__}",
         flush=True,
     )
-    for r in range(args.repeats):
-        for (system, optimizer), name in zip(systems, runs):
-            result = run_worker(setup, system, optimizer)
-            runs[name].append(result)
-            print(f"  repeat {r + 1}/{args.repeats} {name:16s} {result['samples_per_s']:9.0f} samples/s", flush=True)
+
+    runs: dict[str, list[dict]] = {name: [] for name in systems}
+
+    def measured(name: str) -> Callable[[int], None]:
+        return lambda r: runs[name].append(systems[name](r))
+
+    def report(r: int) -> None:
+        for name, results in runs.items():
+            print(f"  repeat {r + 1}/{args.repeats} {name:16s} {results[-1]['samples_per_s']:9.0f} samples/s", flush=True)
+
+    harness.interleaved_rounds({name: measured(name) for name in systems}, args.repeats, after_round=report)
 
     summary: dict = {
         "config": asdict(setup),
         "torch": torch.__version__,
         "baseline_description": "plain PyTorch, nn.EmbeddingBag per table, dense gradients, torch.optim.SGD",
     }
-    base = statistics.median(r["samples_per_s"] for r in runs["baseline"])
+    speeds = {name: harness.Samples([r["samples_per_s"] for r in results]) for name, results in runs.items()}
+    base = speeds["baseline"].median
     print(f"\n{'system':16s} {'samples/s':>10s} {'ratio':>6s} {'peak RSS MB':>12s} {'params+state MB':>16s} {'extra RSS / state':>18s}")
     for name, results in runs.items():
-        speed = statistics.median(r["samples_per_s"] for r in results)
+        speed = speeds[name].median
         peak = max(r["peak_rss_bytes"] for r in results)
         state = results[0]["state_bytes"]
         extra = (peak - min(r["rss_before_model_bytes"] for r in results)) / state
@@ -246,10 +246,10 @@ def main() -> None:
             "state_bytes": state,
             "rss_over_state": round(extra, 3),
         }
-    for optimizer in optimizers:
-        key = "ratio" if optimizer == "sgd" else f"ratio_{optimizer}"
-        summary[key] = round(summary[f"distrec-{optimizer}"]["samples_per_s"] / base, 3)
-    print(json.dumps(summary))
+    ratios = {optimizer: round(summary[f"distrec-{optimizer}"]["samples_per_s"] / base, 3) for optimizer in optimizers}
+    summary |= {f"ratio_{optimizer}": ratio for optimizer, ratio in ratios.items() if optimizer != "sgd"}
+    results = [harness.SystemResult(name, "throughput", "samples/s", samples) for name, samples in speeds.items()]
+    harness.finish(harness.ResultRecord("train_throughput", results, ratios.get("sgd"), summary))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ Run as root (namespaces and tc need it):
     python benchmarks/two_d.py                             # both parts, 3 rounds, 3 seeds
     python benchmarks/two_d.py --parts cluster --rounds 5
     python benchmarks/two_d.py --no-netns --quick          # CI-safe: plain processes, loopback, tiny
-The last line printed is one JSON object with every figure (``speedup_exact``,
+The last line printed is the harness's result record (every configuration's samples/s per
+round; on part (b) alone, every variant's AUC per seed) with every figure (``speedup_exact``,
 ``speedup_periodic_k10``, ``predicted_vs_measured_ms`` per configuration,
 ``auc_delta_periodic_k10``, ``auc_delta_periodic_k50``); the same is written to
 OUT/two_d.json. Each run's folder (config, metrics, breakdown, checkpoint) is under OUT.
@@ -130,13 +131,17 @@ def worker(spec_file: str) -> None:
     names = list(spec["runs"])
     calibration["local_step_ms"] = max_over_ranks(local_step_ms(config.load(None, spec["runs"][names[0]]), topology.world_size))
     calibration["row_merge_s"] = max_over_ranks(row_merge_seconds(**spec["merge"]))
-    results: dict[str, list[dict]] = {name: [] for name in names}
-    for r in range(spec["rounds"]):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            cfg = config.load(None, spec["runs"][name])
-            results[name].append(train_run(cfg, Path(spec["out"]) / name / f"round{r}", spec["warmup"]))
+
+    def configuration(name: str):
+        def run(r: int) -> dict:
+            result = train_run(config.load(None, spec["runs"][name]), Path(spec["out"]) / name / f"round{r}", spec["warmup"])
             if rank == 0:
-                print(f"two_d: round {r} {name}: {json.dumps(results[name][-1])}", file=sys.stderr, flush=True)
+                print(f"two_d: round {r} {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
+            return result
+
+        return run
+
+    results = harness.interleaved_rounds({name: configuration(name) for name in names}, spec["rounds"], order="rotate")
     finish_rank(spec, rank, {"runs": results, "calibration": calibration})
 
 
@@ -273,6 +278,7 @@ def compare(raw: dict, args: argparse.Namespace, out: Path) -> dict:
         bytes_per_step = {k: statistics.median(r["bytes_per_step"][k] for r in rounds) for k in rounds[0]["bytes_per_step"]}
         measured = {
             "samples_per_s": med("samples_per_s"),
+            "samples_per_s_per_round": [r["samples_per_s"] for r in rounds],
             "speedup": statistics.median(r["samples_per_s"] / f["samples_per_s"] for r, f in zip(rounds, runs["full"])),
             "iteration_ms": med("iteration_ms"),
             "ms": {k: sum(med(f"{p}_ms") for p in parts) for k, parts in COMPONENTS.items()},
@@ -424,7 +430,19 @@ def main(argv: list[str] | None = None) -> dict:
     if "auc" in args.parts and not args.report_only:
         atomic_write_json(auc_file, auc_runs(args, out))
     auc = json.loads(auc_file.read_text()) if "auc" in args.parts else None
-    return harness.finish(summarize(args, cluster, auc), out / "two_d.json")
+    summary = summarize(args, cluster, auc)
+    if cluster is not None:
+        systems = [
+            harness.SystemResult(name, "throughput", "samples/s", harness.Samples(e["measured"]["samples_per_s_per_round"]))
+            for name, e in cluster["configurations"].items()
+        ]
+    else:
+        systems = [
+            harness.SystemResult(f"{sample}, {variant}", "held-out AUC", "AUC", harness.Samples(a))
+            for sample, r in (auc or {}).items()
+            for variant, a in r["auc"].items()
+        ]
+    return harness.finish(harness.ResultRecord("two_d", systems, summary.get("speedup_exact"), summary), out / "two_d.json")
 
 
 if __name__ == "__main__":

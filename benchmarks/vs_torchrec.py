@@ -1,6 +1,6 @@
 """Training throughput of distrec against TorchRec's DistributedModelParallel, side by side.
 
-The workload of issue 17: 26 tables x 100,000 rows x dim 64, 13 dense features, bottom MLP
+The workload: 26 tables x 100,000 rows x dim 64, 13 dense features, bottom MLP
 13-512-256-64, top MLP 512-256-1, dot interaction, 2,048 samples per process per step,
 ``--pooling-factor`` indices per bag drawn uniformly (``--distribution zipf``: Zipf, exponent
 1.05), SGD lr 0.01 (``--optimizer adagrad``: Adagrad for the dense layers and row-wise Adagrad
@@ -13,12 +13,15 @@ on both sides, so the comparison is of the implementations, not of the planners.
   ``DistributedModelParallel``, on the same synthetic rows (written once by distrec's
   generator, read by the worker), in a worker run by ``--torchrec-python`` (default: this
   interpreter) with N processes on a gloo group; its step time is the mean over the same
-  steps (after the same 5 warm-up steps). TorchRec is never imported by distrec itself.
+  steps (after the same 5 warm-up steps), each timed by the harness's clock for the device.
+  TorchRec is never imported by distrec itself.
 
-Each round runs every configuration once on each side, the two back to back; rounds
-repeat, the median over rounds is reported, so both sides are measured under the same
-machine load. Throughput is the global batch (2,048 x processes) over the step time. The
-last line printed is one JSON object; its ``results`` hold, per configuration, the keys
+Each round runs every configuration once on each side, the two back to back (the side that
+goes first alternating); rounds repeat, the median over rounds is reported, so both sides are
+measured under the same machine load. Throughput is the global batch (2,048 x processes) over
+the step time. The last line printed is the harness's result record: one system per side and
+configuration (samples/s per round), ``ratio`` when one configuration was measured, and
+``results``, which hold, per configuration, the keys
 ``pooling_factor``, ``procs``, ``optimizer``, ``distrec_samples_per_s``,
 ``torchrec_samples_per_s`` and ``ratio`` (distrec over TorchRec: the ratio of the medians),
 and ``round_ratios`` (each round's two runs) with their median ``median_round_ratio``. The
@@ -43,13 +46,14 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import harness
 
 INSTALL_HINT = (
     "TorchRec is not importable by {python}; install it into its own environment with "
@@ -89,7 +93,7 @@ class Workload:
 
 # --- distrec ---------------------------------------------------------------------------
 def distrec_overrides(w: Workload) -> list[str]:
-    """``--set`` items for ``distrec train`` on the workload (enough rows for ``steps`` steps)."""
+    """``--set`` arguments of ``distrec train`` for the workload (enough rows for ``steps`` steps)."""
     global_batch = w.batch_size * w.procs
     items = [
         f"data.synthetic.rows={global_batch * (w.steps + 2)}",
@@ -110,22 +114,19 @@ def distrec_overrides(w: Workload) -> list[str]:
         f"train.optimizer={w.optimizer}",
         f"train.lr={w.lr}",
     ]
-    return [arg for item in items for arg in ("--set", item)]
+    return harness.set_items(items)
 
 
 def run_distrec(w: Workload, out: Path) -> tuple[float, dict[str, float]]:
     """Train ``w`` with ``distrec train``; samples/s and the step's components (ms, rank 0's
     ``breakdown.json`` means, those above 0.5 ms)."""
-    run = out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}"
-    command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--out", str(run), "--cache-dir", str(out / "cache"), *distrec_overrides(w)]
-    if w.procs > 1:
-        command += ["--nproc-per-node", str(w.procs), "--sharding", "table_wise"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"distrec train failed ({w.label}):\n{done.stderr[-3000:]}")
-    components = json.loads((run / "breakdown.json").read_text())["components"]
-    shutil.rmtree(run / "checkpoint", ignore_errors=True)  # about 1 GB per run: 16 of them filled a disk
-    step_ms = sum(c["mean_ms"] for c in components.values())
+    sharding = ["--sharding", "table_wise"] if w.procs > 1 else []
+    run = harness.distrec_train(
+        out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}", [*distrec_overrides(w), *sharding], w.procs, cache_dir=out / "cache"
+    )
+    shutil.rmtree(run.out / "checkpoint", ignore_errors=True)  # about 1 GB per run: 16 of them filled a disk
+    components = run.breakdown["components"]
+    step_ms = run.step_ms(list(components))
     return w.batch_size * w.procs / step_ms * 1e3, {k: round(c["mean_ms"], 1) for k, c in components.items() if c["mean_ms"] > 0.5}
 
 
@@ -192,7 +193,8 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
     constraints = {n: ParameterConstraints(sharding_types=["table_wise"]) for n in names}
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=w.procs, compute_device="cpu"), constraints=constraints)
     plan = planner.collective_plan(model, None, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
+    device = torch.device("cpu")
+    dmp = DistributedModelParallel(model, device=device, plan=plan)
     dense_kind = torch.optim.SGD if w.optimizer == "sgd" else torch.optim.Adagrad
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: dense_kind(params, lr=w.lr, fused=True))
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
@@ -210,27 +212,28 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
         )
         batches.append((torch.from_numpy(data["dense"][start : start + b]), kjt, torch.from_numpy(data["labels"][start : start + b])))
 
-    def step(i: int) -> float:
-        """One training step on batch ``i``; its seconds."""
+    def train_step(i: int) -> None:
         dense_x, kjt, labels = batches[i % len(batches)]
-        started = time.perf_counter()
         optimizer.zero_grad()
         loss = F.binary_cross_entropy_with_logits(dmp(dense_x, kjt).squeeze(1), labels)
         loss.backward()
         optimizer.step()
-        return time.perf_counter() - started
+
+    def step(i: int) -> float:
+        """One training step on batch ``i``; its ms."""
+        return harness.timed_ms(lambda: train_step(i), device)[1]
 
     for i in range(WARMUP_STEPS):
         step(i)
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile and rank == 0 else contextlib.nullcontext()
     with profiler:
-        seconds = [step(i) for i in range(WARMUP_STEPS, w.steps)]
+        ms = [step(i) for i in range(WARMUP_STEPS, w.steps)]
     if rank == 0:
         ops = {}
         if profile:
-            per_step = {e.key: e.self_cpu_time_total / 1e3 / len(seconds) for e in profiler.key_averages() if e.key.startswith("fbgemm::")}
-            ops = {name: round(ms, 1) for name, ms in per_step.items() if ms >= 0.05}
-        Path(result_path).write_text(json.dumps({"step_s": statistics.mean(seconds), "fbgemm_ms": ops}))
+            per_step = {e.key: e.self_cpu_time_total / 1e3 / len(ms) for e in profiler.key_averages() if e.key.startswith("fbgemm::")}
+            ops = {name: round(t, 1) for name, t in per_step.items() if t >= 0.05}
+        Path(result_path).write_text(json.dumps({"step_ms": sum(ms) / len(ms), "fbgemm_ms": ops}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -248,24 +251,58 @@ def torchrec_main(spec: str) -> None:
         result = Path(tmp) / "result.json"
         mp.spawn(torchrec_worker, args=(w, job["rows"], port, str(result), job["profile"]), nprocs=w.procs, join=True)
         measured = json.loads(result.read_text())
-    print(json.dumps({"samples_per_s": w.batch_size * w.procs / measured["step_s"], "fbgemm_ms": measured["fbgemm_ms"]}))
+    print(json.dumps({"samples_per_s": w.batch_size * w.procs / measured["step_ms"] * 1e3, "fbgemm_ms": measured["fbgemm_ms"]}))
 
 
 def run_torchrec(w: Workload, python: str, rows: Path, profile: bool) -> tuple[float, dict[str, float]]:
     """Train ``w`` with TorchRec DMP in a worker under ``python``; its samples/s and (with
     ``profile``) its FBGEMM operators' self CPU ms per step on rank 0."""
-    spec = json.dumps({"workload": asdict(w), "rows": str(rows), "profile": profile})
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // w.procs))}
-    done = subprocess.run([python, os.path.abspath(__file__), "--torchrec-worker", spec], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"the TorchRec worker failed ({w.label}):\n{done.stderr[-3000:]}")
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    spec = {"workload": asdict(w), "rows": str(rows), "profile": profile}
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // w.procs))}
+    measured = harness.run_worker(__file__, spec, env=env, python=python)
     return measured["samples_per_s"], measured["fbgemm_ms"]
 
 
 def torchrec_importable(python: str) -> bool:
     done = subprocess.run([python, "-c", "import torchrec, fbgemm_gpu"], capture_output=True, text=True)
     return done.returncode == 0
+
+
+def summarize(speeds: dict[Workload, dict[str, list[float]]], parts: dict[Workload, dict[str, list[dict[str, float]]]], profile: bool) -> list[dict]:
+    """Per configuration: both sides' medians over the rounds, the ratio of the medians, each
+    round's ratio (its two runs ran back to back, so the ratio cancels the machine's drift)
+    and their median, every round's samples/s and (with ``profile``) where each step went."""
+    results = []
+    for w, s in speeds.items():
+        d, t = harness.Samples(s["distrec"]).median, harness.Samples(s["torchrec"]).median
+        round_ratios = [a / b for a, b in zip(s["distrec"], s["torchrec"])]
+        results.append(
+            {
+                "pooling_factor": w.pooling_factor,
+                "procs": w.procs,
+                "optimizer": w.optimizer,
+                "distrec_samples_per_s": round(d),
+                "torchrec_samples_per_s": round(t),
+                "ratio": round(d / t, 3),
+                "median_round_ratio": round(harness.Samples(round_ratios).median, 3),
+                "round_ratios": [round(x, 3) for x in round_ratios],
+                "distrec_rounds": [round(x) for x in s["distrec"]],
+                "torchrec_rounds": [round(x) for x in s["torchrec"]],
+                **({"distrec_components_ms": parts[w]["distrec"], "torchrec_fbgemm_ms": parts[w]["torchrec"]} if profile else {}),
+            }
+        )
+    return results
+
+
+def record(speeds: dict[Workload, dict[str, list[float]]], results: list[dict], config: dict) -> harness.ResultRecord:
+    """The result record: one system per side and configuration, its samples/s per round."""
+    systems = [
+        harness.SystemResult(f"{side} ({w.label})", "throughput", "samples/s", harness.Samples(s[side]))
+        for w, s in speeds.items()
+        for side in ("distrec", "torchrec")
+    ]
+    ratio = results[0]["ratio"] if len(results) == 1 else None
+    return harness.ResultRecord("vs_torchrec", systems, ratio, {"config": config, "distribution": config["distribution"], "results": results})
 
 
 # --- the comparison ----------------------------------------------------------------------
@@ -284,10 +321,10 @@ def main() -> None:
         action="store_true",
         help="also report where each side's step goes: distrec's breakdown.json, TorchRec's FBGEMM operators under torch.profiler (slows TorchRec's timed steps)",
     )
-    parser.add_argument("--torchrec-worker", help=argparse.SUPPRESS)
+    parser.add_argument(harness.WORKER_FLAG, dest="worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.torchrec_worker:
-        torchrec_main(args.torchrec_worker)
+    if args.worker:
+        torchrec_main(args.worker)
         return
     if not torchrec_importable(args.torchrec_python):
         print(INSTALL_HINT.format(python=args.torchrec_python), file=sys.stderr)
@@ -307,45 +344,35 @@ def main() -> None:
                 write_rows(w, rows[key])
         speeds: dict[Workload, dict[str, list[float]]] = {w: {"distrec": [], "torchrec": []} for w in workloads}
         parts: dict[Workload, dict[str, list[dict[str, float]]]] = {w: {"distrec": [], "torchrec": []} for w in workloads}
-        for r in range(args.rounds):
+
+        def side(w: Workload, name: str):
+            def run(r: int) -> None:
+                if name == "distrec":
+                    speed, components = run_distrec(w, out)
+                else:
+                    speed, components = run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)], args.profile)
+                speeds[w][name].append(speed)
+                parts[w][name].append(components)
+
+            return run
+
+        def report(r: int) -> None:
             for w in workloads:
-                # alternate which side goes first, so neither always follows the other
-                sides = [
-                    ("distrec", lambda: run_distrec(w, out)),
-                    ("torchrec", lambda: run_torchrec(w, args.torchrec_python, rows[(w.pooling_factor, w.procs)], args.profile)),
-                ]
-                for side, run in sides if r % 2 == 0 else sides[::-1]:
-                    speed, components = run()
-                    speeds[w][side].append(speed)
-                    parts[w][side].append(components)
                 d, t = speeds[w]["distrec"][-1], speeds[w]["torchrec"][-1]
                 print(f"round {r + 1}/{args.rounds} {w.label:<28} distrec {d:9,.0f}  torchrec {t:9,.0f}  ratio {d / t:5.2f}", flush=True)
 
-    results = []
+        # a round runs each configuration's two sides back to back, the side that goes first alternating
+        turns = {f"{name} {w.label}": side(w, name) for w in workloads for name in ("distrec", "torchrec")}
+        harness.interleaved_rounds(turns, args.rounds, after_round=report, order="alternate")
+
+    results = summarize(speeds, parts, args.profile)
     print(f"\n{'pooling':>7} {'procs':>5} {'optimizer':>9} {'distrec/s':>10} {'torchrec/s':>10} {'ratio':>6} {'of rounds':>9}")
-    for w, s in speeds.items():
-        d, t = statistics.median(s["distrec"]), statistics.median(s["torchrec"])
-        # each round's two runs ran minutes apart at most: their ratio cancels the machine's drift
-        round_ratios = [a / b for a, b in zip(s["distrec"], s["torchrec"])]
-        of_rounds = statistics.median(round_ratios)
-        results.append(
-            {
-                "pooling_factor": w.pooling_factor,
-                "procs": w.procs,
-                "optimizer": w.optimizer,
-                "distrec_samples_per_s": round(d),
-                "torchrec_samples_per_s": round(t),
-                "ratio": round(d / t, 3),
-                "median_round_ratio": round(of_rounds, 3),
-                "round_ratios": [round(x, 3) for x in round_ratios],
-                "distrec_rounds": [round(x) for x in s["distrec"]],
-                "torchrec_rounds": [round(x) for x in s["torchrec"]],
-                **({"distrec_components_ms": parts[w]["distrec"], "torchrec_fbgemm_ms": parts[w]["torchrec"]} if args.profile else {}),
-            }
+    for r in results:
+        print(
+            f"{r['pooling_factor']:>7} {r['procs']:>5} {r['optimizer']:>9} {r['distrec_samples_per_s']:>10,} {r['torchrec_samples_per_s']:>10,} "
+            f"{r['ratio']:>6.2f} {r['median_round_ratio']:>9.2f}"
         )
-        print(f"{w.pooling_factor:>7} {w.procs:>5} {w.optimizer:>9} {d:>10,.0f} {t:>10,.0f} {d / t:>6.2f} {of_rounds:>9.2f}")
-    config = {k: v for k, v in vars(args).items() if k != "torchrec_worker"}
-    print(json.dumps({"config": config, "distribution": args.distribution, "results": results}))
+    harness.finish(record(speeds, results, {k: v for k, v in vars(args).items() if k != "worker"}))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def test_round_trip_through_yaml(tmp_path):
         (["train.embedding_weight_decay=-0.1"], "train.embedding_weight_decay is -0.1; it must be 0 or more"),
         (["hotline.enabled=true", "train.weight_decay=0.01"], "not supported with --hotline yet; set them to 0"),
         (["lr"], "must look like section.key=value"),
-        # issue 23.6: NaN and infinite floats passed validation (NaN <= 0 is false)
+        # regression: NaN and infinite floats passed validation (NaN <= 0 is false)
         (["train.lr=.nan"], "train.lr is nan; it must be a finite number"),
         (["train.lr=inf"], "train.lr is inf; it must be a finite number"),
         (["train.embedding_lr=-.inf"], "train.embedding_lr is -inf; it must be a finite number"),
@@ -108,7 +108,7 @@ def test_unknown_preset_and_missing_file(tmp_path):
 
 
 def test_non_utf8_config_file_is_one_line(tmp_path):
-    # issue 23.6: a latin-1 or binary config file raised UnicodeDecodeError from config.load
+    # regression: a latin-1 or binary config file raised UnicodeDecodeError from config.load
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes("train:\n  lr: 0.1  # r\xe9glage\n".encode("latin-1"))
     with pytest.raises(DistrecError, match=r"latin1\.yaml' is not UTF-8 text \(byte 0xe9 at offset 21\); save it as UTF-8"):

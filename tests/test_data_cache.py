@@ -189,7 +189,7 @@ def _refusing_writes(err: int, after_bytes: int = 0):
 
 
 def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, monkeypatch, caplog):
-    # issue 23.5: a read-only --cache-dir failed on the lock file (Errno 30) although the cache was complete
+    # regression: a read-only --cache-dir failed on the lock file (Errno 30) although the cache was complete
     import errno
 
     data = write_criteo(tmp_path / "d.tsv", [criteo_line(), criteo_line(label="x"), criteo_line()])
@@ -201,7 +201,7 @@ def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, 
     with caplog.at_level("WARNING", logger="distrec.data.cache"):
         assert prepare(cfg, root, progress=False) == path
     assert Dataset(path, cfg).num_rows == 2
-    # issue 23.6: the skipped rows are reported again when the cache is reused
+    # regression: the skipped rows are reported again when the cache is reused
     assert "skipped 1 malformed row(s); first at line 2" in caplog.text
     other = write_criteo(tmp_path / "e.tsv", [criteo_line()])
     with pytest.raises(
@@ -214,7 +214,7 @@ def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, 
 
 @pytest.mark.parametrize("chunk_rows", [500, 100_000])
 def test_full_disk_names_the_cache_dir_and_the_space_needed(shared_data, tmp_path, monkeypatch, chunk_rows):
-    # issue 23.5: a full cache disk gave an OSError traceback
+    # regression: a full cache disk gave an OSError traceback
     import errno
     import re
 
@@ -234,7 +234,7 @@ def test_full_disk_names_the_cache_dir_and_the_space_needed(shared_data, tmp_pat
 
 
 def test_temporaries_of_a_killed_prepare_are_removed_by_the_next(tmp_path):
-    # issue 23.5: `.tmp` folders left by kill -9 during a prepare were never cleaned
+    # regression: `.tmp` folders left by kill -9 during a prepare were never cleaned
     data = write_criteo(tmp_path / "d.tsv", [criteo_line()] * 3)
     cfg = DataConfig(path=str(data), format="criteo")
     root = tmp_path / "cache"
@@ -249,7 +249,7 @@ def test_temporaries_of_a_killed_prepare_are_removed_by_the_next(tmp_path):
 
 
 def test_skipped_rows_are_reported_again_when_the_cache_is_reused(tmp_path, caplog):
-    # issue 23.6: the skipped-row count was printed by the prepare that parsed, never on reuse
+    # regression: the skipped-row count was printed by the prepare that parsed, never on reuse
     data = write_criteo(tmp_path / "d.tsv", [criteo_line(), criteo_line(label="x")])
     cfg = DataConfig(path=str(data), format="criteo")
     prepare(cfg, tmp_path / "cache", progress=False)

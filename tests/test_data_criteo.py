@@ -115,7 +115,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_dense_counts_beyond_float64_precision_parse_and_overflow_is_malformed(tmp_path):
-    # issue 23.4: 2**53 + 1 made Arrow's int64 -> float64 cast raise ArrowInvalid for the whole file
+    # regression: 2**53 + 1 made Arrow's int64 -> float64 cast raise ArrowInvalid for the whole file
     huge = ["9007199254740993", "9223372036854775807", "99999999999999999999"] + ["1"] * 10
     beyond_float64 = ["9" * 400] + ["1"] * 12
     source, chunk = read_all(write(tmp_path / "a.tsv", [criteo_line("1", huge), criteo_line("0", beyond_float64)]))

@@ -1,4 +1,4 @@
-"""Issue 23.1: a resume on changed data is refused with one line; paths are stored absolute."""
+"""A resume on changed data is refused with one line; paths are stored absolute."""
 
 import json
 import os

@@ -86,7 +86,7 @@ def test_strict_mode(tmp_path):
 
 
 def test_ratings_outside_one_to_five_are_malformed(tmp_path):
-    # issue 23.6: a rating of 9 was accepted (and labelled liked)
+    # regression: a rating of 9 was accepted (and labelled liked)
     root = tiny_movielens(
         tmp_path / "ml", ["1\t1\t9\t874627200", "1\t1\t0\t874627200", "2\t2\t4\t874627200", "1\t2\t-1\t874627200", "1\t1\t99999999999999999999\t874627200"]
     )

@@ -181,7 +181,7 @@ NON_FINITE_CSV = """y,a,c
 
 
 def test_non_finite_and_float32_overflow_dense_values_are_malformed(tmp_path):
-    # issue 23.4: 1e39 became float32 inf in the cache; text inf/nan became 0 uncounted
+    # regression: 1e39 became float32 inf in the cache; text inf/nan became 0 uncounted
     schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
     source, chunk = read_all(write(tmp_path / "d.csv", NON_FINITE_CSV), schema, "csv")
     assert chunk.dense[:, 0].tolist() == [2.5, 0.0]  # only the finite row and the missing one (= 0)
@@ -202,7 +202,7 @@ def test_parquet_infinite_and_float32_overflow_are_malformed_nan_is_missing(tmp_
 
 
 def test_corrupt_parquet_page_is_one_line(tmp_path):
-    # issue 23.6: a damaged page header raised OSError "Couldn't deserialize thrift" from the batch loop
+    # regression: a damaged page header raised OSError "Couldn't deserialize thrift" from the batch loop
     schema = write(tmp_path / "s.yaml", "label: y\ndense: [a]\ncategorical: [c]\n")
     table = pa.table({"y": [1, 0] * 4000, "a": np.arange(8000, dtype=np.float64), "c": ["x", "y", "z", "w"] * 2000})
     pq.write_table(table, tmp_path / "d.parquet", data_page_size=1024)

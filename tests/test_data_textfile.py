@@ -44,7 +44,7 @@ def test_header_and_empty_file(tmp_path):
 
 @pytest.mark.parametrize("name", ["f.tsv", "f.tsv.gz"])
 def test_binary_input_is_one_line_naming_the_file(tmp_path, name):
-    # issue 23.6: an executable given as --data printed "Exception ignored ... UnicodeDecodeError"
+    # regression: an executable given as --data printed "Exception ignored ... UnicodeDecodeError"
     # and an error holding raw binary bytes
     import gzip
 
@@ -71,7 +71,7 @@ def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path):
 
 
 def test_a_non_utf8_line_with_the_wrong_field_count_is_one_line(tmp_path, capsys):
-    # issue 23.6: Arrow printed "Exception ignored ... UnicodeDecodeError" before the parse error
+    # regression: Arrow printed "Exception ignored ... UnicodeDecodeError" before the parse error
     path = tmp_path / "f.tsv"
     path.write_bytes(b"1\t2\n3\t4\ncaf\xe9\n5\t6\n")
     stream = CsvStream(path, "\t", False, MalformedRows(path), chunk_rows=10, column_names=["a", "b"], text_columns=["a"])

@@ -4,7 +4,7 @@ from distrec.io import atomic_directory, leftovers, remove_leftovers, staging_di
 
 
 def test_atomic_directory_removes_temporaries_of_killed_writes(tmp_path):
-    # issue 23.5: a write killed with SIGKILL left `.NAME.<random>.tmp` behind for good
+    # regression: a write killed with SIGKILL left `.NAME.<random>.tmp` behind for good
     target = tmp_path / "checkpoint"
     killed = tmp_path / ".checkpoint.a1b2c3.tmp"
     killed.mkdir()
@@ -43,7 +43,7 @@ def test_a_failing_block_leaves_the_target_untouched(tmp_path):
 
 
 def test_a_run_removes_the_temporaries_of_a_checkpoint_save_killed_earlier(tmp_path, monkeypatch, capsys):
-    # issue 23.5: kill -9 during a save left `.checkpoint.*.tmp` / `.checkpoint.writing` for good
+    # regression: kill -9 during a save left `.checkpoint.*.tmp` / `.checkpoint.writing` for good
     from distrec.cli import main
 
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))

@@ -16,7 +16,7 @@ def plan_json(tmp_path, rank, row_end=10):
 
 @pytest.mark.parametrize("rank, shown", [("1", "'1'"), (1.0, "1.0"), (True, "True"), (None, "None")])
 def test_a_shard_field_that_is_not_an_integer_is_one_line(tmp_path, rank, shown):
-    # issue 23.6: a string rank loaded, then validation died with "'<=' not supported between 'int' and 'str'"
+    # regression: a string rank loaded, then validation died with "'<=' not supported between 'int' and 'str'"
     with pytest.raises(
         DistrecError,
         match=rf"sharding plan is malformed \(TypeError: shard rank is {shown}, not an "

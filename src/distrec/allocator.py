@@ -5,8 +5,8 @@ embedding tables backed by huge pages (Linux).
 hundreds of MB, each row on its own 4 KiB page, so nearly every row costs a TLB miss and a
 page-table walk besides its cache miss. ``empty_table`` asks the kernel for 2 MiB pages
 (``madvise(MADV_HUGEPAGE)``, honoured when transparent huge pages are in ``madvise`` or
-``always`` mode) before the memory is first touched; the pooling and the row-wise Adagrad
-update then run faster (measured in ``docs/performance.md``). Where the kernel has no huge pages
+``always`` mode) before the memory is first touched, so the pooling and the row-wise Adagrad
+update pay fewer page walks (benchmarks/results/2026-11-27-cpu-kernels.md). Where the kernel has no huge pages
 to give, the table keeps 4 KiB pages and nothing else changes.
 
 *Freed heap kept.*
@@ -17,11 +17,9 @@ The planner's micro-benchmarks time embedding steps built from stock PyTorch par
 sparse gradient, indices x dim floats, tens of MB for 4096 bags; its coalesced copy). glibc
 serves a block above its mmap threshold (128 KiB to 32 MiB, adapting) with a fresh ``mmap``
 and returns it with ``munmap`` on free, so every step pays the kernel to map and zero the
-same pages again, and how often depends on the allocator's history: one device's step took
-22 or 45 ms from one step to the next, and the busiest device of an 8-device task 145 ms
-with 44,000 page faults per step against 57 ms and 1,000 faults with freed memory kept
-(``benchmarks/allocator.py``). A cost model trained on such times learns the allocator's
-moods. ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
+same pages again, and how often depends on the allocator's history: the same step's time
+varies with it, and a cost model trained on such times learns the allocator's moods
+(``benchmarks/allocator.py``; benchmarks/results/2026-11-24-neuroshard-planner.md). ``mallopt`` raises the mmap and trim thresholds so that blocks come from the heap
 and freed ones stay there, as LD_PRELOADing jemalloc or tcmalloc would, without another
 library. The planner's measuring processes call it, and so does every training step on a
 CPU model (``distrec.components.step.TrainStep``), whose activations, gradients and optimizer

@@ -278,7 +278,7 @@ DEFAULT_LR = {"sgd": 0.1, "adagrad": 0.01, "adam": 0.001}
 DEFAULT_SETUP = {"optimizer": "adam", "lr": DEFAULT_LR["adam"], "embedding_optimizer": "adagrad", "embedding_lr": 0.03}
 """The optimizers when none is chosen: Adam for the dense layers, row-wise Adagrad for the
 embedding rows (both scale their steps by the gradients they see, so one setting learns on
-data of any size; measured in docs/training.md, "Defaults")."""
+data of any size; measured in benchmarks/results/2026-11-25-training-quality.md)."""
 
 MAX_EPOCHS = 100
 """Epochs at most when training until the validation AUC stops improving."""
@@ -521,7 +521,7 @@ COMBINATION_RULES: list[Rule] = [
     ),
 ]
 """Every combination of settings that no mode trains, with what to change: the one place
-that says which techniques combine (``distrec.modes.select_mode`` adds the world size)."""
+that says which techniques combine (``distrec.parallel.spec.ParallelSpec.of`` adds the world size)."""
 
 
 def check_combination(cfg: RunConfig, world_size: int | None = None) -> None:

@@ -16,7 +16,7 @@ import traceback
 
 # distrec's compiled row kernels run on Python threads beside torch's OpenMP pool, whose idle
 # workers by default spin between parallel regions and take the cores those threads need
-# (docs/performance.md: 10% of a 20-index training step). Read once, when torch loads, which
+# (benchmarks/results/2026-11-27-cpu-kernels.md). Read once, when torch loads, which
 # no import above does; a value the user set wins, and workers inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

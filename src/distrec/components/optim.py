@@ -26,8 +26,7 @@ OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
 
 # The optimizers update this many rows at a time, so that the elementwise passes over a block
 # stay in the L2 cache (1024 rows x 64 floats x 4 B = 256 KB per temporary) and temporaries
-# stay small. Measured on a CPU with 2 MB of L2 per core: LazyAdam's update ~30% faster, and
-# SGD's ~20% faster with multi-hot bags, than passes over all rows at once.
+# stay small (benchmarks/results/2026-11-27-cpu-kernels.md).
 ROWS_PER_BLOCK = 1024
 # Coalesced gradients (distinct rows) are scattered this many rows at a time, each block split
 # over the threads (``add_to_distinct_rows``): large enough that every thread gets one long
@@ -193,7 +192,7 @@ class SparseSGD(SparseRowOptimizer):
 
     def update_with_operators(self, param, grad, group, state):
         entries = gradient_rows(grad)
-        # index_add_ without alpha takes the vectorised path; with alpha it is ~7x slower on CPU
+        # index_add_ without alpha takes the vectorised path; with alpha it does not on CPU
         if has_distinct_rows(grad):  # scattered by all threads
             for rows, values in row_blocks(*entries, DISTINCT_ROWS_PER_BLOCK):
                 add_to_distinct_rows(param, rows, values * -group["lr"])

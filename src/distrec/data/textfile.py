@@ -18,7 +18,7 @@ from distrec.errors import DistrecError
 # further when a block holds more than a chunk); the floor keeps any one line inside a block.
 _BYTES_PER_ROW = 256
 _MIN_BLOCK_BYTES = 1 << 20
-_MAX_BLOCK_BYTES = 1 << 24  # larger blocks parse ~3x slower (cache misses; measured on Criteo)
+_MAX_BLOCK_BYTES = 1 << 24  # larger blocks parse slower (their columns no longer fit the caches)
 # Bytes at the start of a file checked for NUL bytes (binary content).
 _SNIFF_BYTES = 1 << 16
 # Compressed inputs by extension (the ones Arrow's compression="detect" knows).

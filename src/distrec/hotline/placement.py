@@ -3,10 +3,9 @@
 Every cold row the prefetch worker reads from the disk tier ends in an interrupt from the
 disk, handled on the CPUs the kernel routes that device's interrupts to
 (``/proc/irq/N/effective_affinity_list``). A thread computing on one of those CPUs loses
-time to the interrupts and the I/O completions that follow them. On this project's 2-vCPU
-machine (virtio disk interrupts on CPU 1), an MLP forward and backward ran 1.27x slower on
-CPU 1 while another thread gathered rows from an evicted memory map, and 0.99x on CPU 0
-(``benchmarks/page_fault_interference.py --pin``). So with a disk slow tier Hotline runs
+time to the interrupts and the I/O completions that follow them
+(``benchmarks/page_fault_interference.py``; benchmarks/results/2026-11-23-hotline-page-cache.md).
+So with a disk slow tier Hotline runs
 its training step on the other CPUs and the prefetch worker on the interrupt CPUs, provided
 the other CPUs are enough for torch's compute threads. Linux only; elsewhere, or when the
 device's interrupts cannot be found, threads are left where the scheduler puts them.

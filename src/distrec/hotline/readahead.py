@@ -4,11 +4,10 @@ Gathering rows from a memory map whose pages are on disk faults on one page at a
 each fault waits for its read before the next one starts: the disk sees one request at a
 time. Advising the kernel first that every page the rows touch will be needed
 (``MADV_WILLNEED``, which starts the reads without waiting for them) puts all the requests
-in flight together; the gather then waits only for reads already under way. On this
-project's virtio disk, 300 random 256-byte rows took 20-23 ms to gather cold and 4.9-5.8 ms
-with the advice, 1.8-2.3 ms of that to submit it (``python benchmarks/cold_gather.py``).
-When every page is already cached the advice is wasted: 0.66 ms instead of 0.12 ms for the
-same gather, a cost worth paying only where gathers miss the page cache, as a disk tier's do.
+in flight together; the gather then waits only for reads already under way
+(``python benchmarks/cold_gather.py``; benchmarks/results/2026-11-23-hotline-page-cache.md).
+When every page is already cached the advice is wasted work, a cost worth paying only where
+gathers miss the page cache, as a disk tier's do.
 
 The advice is one ``process_madvise`` system call per 1024 rows (Linux >= 5.10); where that
 call is missing or not permitted for the process itself (older kernels without

@@ -7,7 +7,7 @@ memory, pinned, when the model runs on an accelerator. The fast tier is a compac
 the hot rows on the model's device, ``fast[j]`` (slot j) holding row ``hot_ids[j]``
 (ascending). A slot map, int32 per row in host memory (4 bytes per row, 1/dim of the table's
 own bytes at most), gives each row's slot or -1, so finding the tier of a batch's rows is one
-gather instead of a binary search (about 15x faster for 26k lookups among 60k hot rows).
+gather instead of a binary search per lookup.
 
 Every row lives in exactly one tier: a hot row's slow-tier slot is stale and is never read
 or updated until the row leaves the hot set, when its fast copy is written back. So
@@ -64,8 +64,7 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
     blocks alive, and nothing is left behind however the process ends. Rows are read at
     random, so the mapping is advised ``MADV_RANDOM``: a page fault reads its one page, not
     the kernel's readahead window around it (up to 32 pages), which under a small page
-    cache mostly evicts rows still needed (benchmarks/hotline.py, a 1 GB table under a 64 MB
-    page cache: Hotline's page evictions per step took 35 ms instead of 320 ms).
+    cache mostly evicts rows still needed (benchmarks/results/2026-11-23-hotline-page-cache.md).
     """
     nbytes = num_rows * width * FLOAT_BYTES
     directory.mkdir(parents=True, exist_ok=True)

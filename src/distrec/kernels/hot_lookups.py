@@ -25,7 +25,8 @@ from distrec.kernels.rows import numpy_views
 
 SEARCH_BLOCK = 16
 """Indices searched side by side: their binary searches are independent chains of loads, which
-the CPU overlaps, where one search alone waits on each load in turn (timings in docs/hotline.md)."""
+the CPU overlaps, where one search alone waits on each load in turn
+(benchmarks/results/2026-11-27-hotline-distributed.md)."""
 
 
 @numba.njit(nogil=True, cache=True)

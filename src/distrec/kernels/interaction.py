@@ -4,7 +4,7 @@ In torch operators the interaction of F sparse vectors is a batched product of [
 [D, F] matrices (all F^2 dots, where F (F - 1) / 2 are kept), an ``index_select`` of the
 kept pairs and a ``cat`` with the dense vector; its backward gathers the pair gradients into
 a symmetric [F, F] matrix per sample and multiplies again. Batched products of matrices this
-small run far below the CPU's peak (``docs/performance.md``). Here, per sample, with
+small run far below the CPU's peak (benchmarks/results/2026-11-27-cpu-kernels.md). Here, per sample, with
 v = (x, e_1, ..., e_F) the N vectors that interact:
 
 - the forward computes only the kept dots, each vectorised over D, straight into the

@@ -4,7 +4,7 @@ mini-batch, compiled by numba.
 A mini-batch of a multi-hot feature is the bags of B random rows (sorted) of a column of
 millions of values. As NumPy fancy indexing (one index per value) that gather waits on a
 cache miss every few values; copying bag by bag, with the start of the bag a few rows ahead
-prefetched, keeps several misses in flight (timings in ``docs/performance.md``). The batch is
+prefetched, keeps several misses in flight (benchmarks/results/2026-11-27-cpu-kernels.md). The batch is
 built on the data loader's thread, beside training on the same cores, so the time saved goes
 to training. Selecting samples of a mini-batch (Hotline's popular split) copies their bags
 feature by feature in one pass, where torch operators take several.
@@ -18,7 +18,7 @@ import numpy as np
 from distrec.kernels.prefetch import prefetch
 
 BAGS_AHEAD = 8
-"""Bags ahead whose first values are prefetched (chosen by timing 4-32 on this machine)."""
+"""Bags ahead whose first values are prefetched (chosen by timing 4 to 32 bags ahead)."""
 
 
 @numba.njit(nogil=True, cache=True)

@@ -13,8 +13,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 PREFETCH_DISTANCE = 16
-"""Rows ahead that the kernels prefetch: 16 rows gathered one by one (64 floats each) measured
-fastest of 4-32 here; a row much further ahead may be evicted before it is used."""
+"""Rows ahead that the kernels prefetch (chosen by timing 4 to 32 rows ahead on rows of 64
+floats): far enough to keep several misses in flight; a row much further ahead may be
+evicted before it is used."""
 
 
 def _emit_prefetch(builder, pointer) -> None:
@@ -67,7 +68,7 @@ CACHE_LINE_BYTES = 64
 def prefetch_row(array, row):  # pragma: no cover - compiled
     """Hint the CPU to bring every cache line of row ``row`` of a 2-D array into the cache
     (a 64-float row spans 4 lines): the row update uses it; the pooling, which keeps more rows
-    in flight, is faster asking for the first line only (``docs/performance.md``)."""
+    in flight, is faster asking for the first line only (benchmarks/results/2026-11-27-cpu-kernels.md)."""
     step = max(1, CACHE_LINE_BYTES // array.itemsize)
     for column in range(0, array.shape[1], step):
         _prefetch_element(array, row, column)

@@ -64,8 +64,8 @@ def _update_kernel(dim: int):
 
 @numba.njit(fastmath={"reassoc"}, cache=True)
 def _sum_of_squares(total):  # pragma: no cover - compiled
-    """Sum of total[d] ** 2, the additions reordered as the compiler likes (vectorised: about 3x
-    faster than the strict order, the one place a different rounding is allowed)."""
+    """Sum of total[d] ** 2, the additions reordered as the compiler likes (so they vectorise:
+    the one place a different rounding is allowed)."""
     squares = np.float32(0.0)
     for d in range(total.shape[0]):
         squares += total[d] * total[d]

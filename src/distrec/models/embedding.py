@@ -145,7 +145,7 @@ def sum_by_row(rows: torch.Tensor, source: torch.Tensor, num_rows: int, source_o
     unique, bounds, order = group_by_row(rows, num_rows)
     picks = order if source_of_entry is None else source_of_entry[order]
     # a sum over each row's entries is a sum pooling of bags: embedding_bag's kernel does it
-    # about 2x faster on CPU than Tensor.coalesce() or unique + index_add_
+    # faster on CPU than Tensor.coalesce() or unique + index_add_
     return unique, F.embedding_bag(picks, source, bounds, mode="sum", include_last_offset=True)
 
 

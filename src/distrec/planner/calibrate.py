@@ -8,8 +8,8 @@
    sizes. The counts and the time estimate are printed before anything long starts.
 3. Active sampling: the first ``RANDOM_SHARE`` of each count are random samples (ids
    0, 1, ...). Quick models are then trained from ``QUICK_SEEDS`` initialisations. The
-   random samples' own timing re-prices a sample (a dozen pilot samples include warm-up and
-   misjudged it by up to 2x), and the collection budget left buys the rest, split as in 2:
+   random samples' own timing re-prices a sample (a dozen pilot samples include warm-up, so
+   they price it too high), and the collection budget left buys the rest, split as in 2:
    the candidates (``CANDIDATES_PER_SAMPLE`` fresh random samples per slot) whose predicted
    cost the quick models disagree on most (the relative spread of their predictions): where
    the data teaches the models least so far.

@@ -9,12 +9,11 @@
   positive offset: a device's cost is then the sum of learned non-negative per-table costs
   plus a constant, so adding a table never makes a device cheaper. The paper's head is the
   default because it had the lower held-out error and its plans executed cheaper
-  (docs/neuroshard-vs-torchrec.md, "The compute model's head"). The loss is the MSE in ms. The prediction is the mean of an ensemble of
-  such nets trained from different initialisations: a search picks the plans whose cost one
-  net under-predicts most, and independently trained nets disagree on exactly those (a
-  single net's best plans of 8-device tasks were 15-21% cheaper than lookup-greedy's by its
-  own prediction, and from 10% cheaper to 12% dearer by two nets of other seeds); averaging
-  cancels much of that variance.
+  (benchmarks/results/2026-11-25-neuroshard-compute-head.md). The loss is the MSE in ms. The
+  prediction is the mean of an ensemble of such nets trained from different initialisations:
+  a search picks the plans whose cost one net under-predicts most, and independently trained
+  nets disagree on exactly those (benchmarks/results/2026-11-24-neuroshard-planner.md);
+  averaging cancels much of that variance.
 - Communication: one MLP per direction (in -> 128 -> 64 -> 32 -> 16 -> 1), shared by the
   devices, predicts a device's all-to-all time (ms) from its own summed output dimension
   and the mean and maximum over the devices (``comm_inputs``; the forward model also from

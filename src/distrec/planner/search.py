@@ -45,9 +45,9 @@ class SearchOptions:
         candidates: N, the largest and the most expensive chunks tried for a split.
         max_steps: L, beam steps (column splits) at most.
         grid_points: M, dim bounds tried from the mean to ``grid_max`` x the mean, and then
-            no bound, so that the grid only ever adds to the unbounded placement (without
-            it, NeuroShard's plans executed 0.5-5.2% dearer than the no-grid ablation's in
-            14 of 16 cells of ``benchmarks/sharding.py``; with it, 0.988-1.009x on seed 0).
+            no bound, so that the grid only ever adds to the unbounded placement (a grid of
+            bounds alone trades compute balance for dimension balance, which only the
+            all-to-all models reward: benchmarks/results/2026-11-24-neuroshard-planner.md).
         grid_max: the largest dim bound, as a multiple of the mean summed dimension.
         grid_search: False places without a dim bound (the "no grid search" ablation).
         use_cache: False recomputes every device cost (the "no cache" ablation).
@@ -202,8 +202,9 @@ class NeuroShardSearch:
         dim / table dim: splitting a table never lowers its predicted compute, since the
         shards look up the same floats and each repeats the per-index work. The learned
         per-table cost is convex in the dimension for tables of many lookups, so without
-        this floor two halves of such a table were predicted up to 30% cheaper than the
-        whole, and the search split tables for a gain the hardware does not give.
+        this floor two halves of such a table were predicted cheaper than the whole, and the
+        search split tables for a gain the hardware does not give
+        (benchmarks/results/2026-11-24-neuroshard-planner.md).
         """
         key = (table, dim)
         if key not in self._chunks:

@@ -5,10 +5,10 @@ Hardware presets (per GPU; bandwidths one direction). The DMT paper (Luo et al.,
 H100 clusters by peak FLOP/s, scale-up (intra-host) and scale-out (cross-host) bandwidth:
 
 - peak FLOP/s: the paper's Table 1 values for V100 (15.7 TFLOP/s, FP32) and A100 (156, TF32
-  dense), as quoted in distrec issue #21; the stored copy of the paper reachable here holds
-  only its title, abstract and first lines, so the table's H100 and bandwidth entries could
-  not be read: H100 takes the same precision class from NVIDIA's H100 SXM5 datasheet (TF32
-  989 TFLOP/s with sparsity, 495 dense), and the bandwidths below are the vendors';
+  dense); the table's H100 entry, 989 TFLOP/s, is TF32 with sparsity, so H100 takes the dense
+  value of the same precision class from NVIDIA's H100 SXM5 datasheet (495); the bandwidths
+  below are the table's (scale-out 100, 200 and 400 Gbit/s; scale-up 150, 300 and 450 GB/s
+  one way) and the vendors';
 - scale-up: NVLink 2/3/4 per-GPU bandwidth (300, 600, 900 GB/s both directions, NVIDIA
   datasheets), halved to one direction;
 - scale-out: one NIC per GPU of 100, 200 (HDR, DGX A100) and 400 Gbit/s (NDR, DGX H100).
