@@ -210,8 +210,11 @@ class TrainedRun:
         return sum(self.breakdown["components"][c][statistic] for c in components)
 
 
-def distrec_train(out: str | Path, arguments: Sequence[str], procs: int = 1, cache_dir: str | Path | None = None) -> TrainedRun:
-    """``distrec train --no-progress --out OUT ARGUMENTS`` (with ``--nproc-per-node`` when ``procs > 1``)."""
+def distrec_train(
+    out: str | Path, arguments: Sequence[str], procs: int = 1, cache_dir: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> TrainedRun:
+    """``distrec train --no-progress --out OUT ARGUMENTS`` (with ``--nproc-per-node`` when ``procs > 1``),
+    with ``env`` added to this process's environment."""
     out = Path(out)
     command = [sys.executable, "-m", "distrec", "train", "--no-progress", "--overwrite", "--out", str(out), *arguments]
     if cache_dir is not None:
@@ -219,7 +222,7 @@ def distrec_train(out: str | Path, arguments: Sequence[str], procs: int = 1, cac
     if procs > 1:
         command += ["--nproc-per-node", str(procs)]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise SystemExit(f"distrec train --out {out} failed:\n{done.stderr[-3000:]}")
     return TrainedRun(out, json.loads((out / "summary.json").read_text()), json.loads((out / "breakdown.json").read_text()), time.perf_counter() - started)

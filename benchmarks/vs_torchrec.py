@@ -81,6 +81,7 @@ class Workload:
     num_dense: int = 13
     lr: float = 0.01
     seed: int = 1234
+    device: str = "cpu"  # "cuda": every process on its own GPU, NCCL, FBGEMM's GPU kernels on TorchRec's side
 
     @property
     def zipf_exponent(self) -> float:
@@ -121,8 +122,13 @@ def run_distrec(w: Workload, out: Path) -> tuple[float, dict[str, float]]:
     """Train ``w`` with ``distrec train``; samples/s and the step's components (ms, rank 0's
     ``breakdown.json`` means, those above 0.5 ms)."""
     sharding = ["--sharding", "table_wise"] if w.procs > 1 else []
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if w.device == "cpu" else {}  # distrec trains on a GPU whenever it sees one
     run = harness.distrec_train(
-        out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}", [*distrec_overrides(w), *sharding], w.procs, cache_dir=out / "cache"
+        out / f"distrec-{w.pooling_factor}-{w.procs}-{w.optimizer}-{time.monotonic_ns()}",
+        [*distrec_overrides(w), *sharding],
+        w.procs,
+        cache_dir=out / "cache",
+        env=hidden,
     )
     shutil.rmtree(run.out / "checkpoint", ignore_errors=True)  # about 1 GB per run: 16 of them filled a disk
     components = run.breakdown["components"]
@@ -174,7 +180,10 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // w.procs))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=w.procs)
+    device = torch.device("cuda", rank) if w.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=w.procs)
     torch.manual_seed(w.seed)
     names = [f"t{i}" for i in range(w.num_tables)]
     tables = [torchrec.EmbeddingBagConfig(name=n, embedding_dim=w.dim, num_embeddings=w.table_rows, feature_names=[n]) for n in names]
@@ -184,16 +193,15 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
         dense_in_features=w.num_dense,
         dense_arch_layer_sizes=[512, 256, w.dim],
         over_arch_layer_sizes=[512, 256, 1],
-        dense_device=torch.device("cpu"),
+        dense_device=device,
     )
     if w.optimizer == "sgd":
         apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": w.lr})
     else:  # fused as EXACT_ROWWISE_ADAGRAD
         apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": w.lr})
     constraints = {n: ParameterConstraints(sharding_types=["table_wise"]) for n in names}
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=w.procs, compute_device="cpu"), constraints=constraints)
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=w.procs, compute_device=device.type), constraints=constraints)
     plan = planner.collective_plan(model, None, dist.GroupMember.WORLD)
-    device = torch.device("cpu")
     dmp = DistributedModelParallel(model, device=device, plan=plan)
     dense_kind = torch.optim.SGD if w.optimizer == "sgd" else torch.optim.Adagrad
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: dense_kind(params, lr=w.lr, fused=True))
@@ -210,7 +218,8 @@ def torchrec_worker(rank: int, w: Workload, rows_path: str, port: int, result_pa
             values=ids.permute(1, 0, 2).reshape(-1).contiguous(),
             lengths=torch.full((w.num_tables * b,), w.pooling_factor, dtype=torch.int32),
         )
-        batches.append((torch.from_numpy(data["dense"][start : start + b]), kjt, torch.from_numpy(data["labels"][start : start + b])))
+        dense_x, labels = torch.from_numpy(data["dense"][start : start + b]), torch.from_numpy(data["labels"][start : start + b])
+        batches.append((dense_x.to(device), kjt.to(device), labels.to(device)))
 
     def train_step(i: int) -> None:
         dense_x, kjt, labels = batches[i % len(batches)]
@@ -315,6 +324,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
     parser.add_argument("--steps", type=int, default=20, help=f"training steps per run, the first {WARMUP_STEPS} untimed (default 20)")
     parser.add_argument("--torchrec-python", default=sys.executable, help="python of an environment with TorchRec (default: this one)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="train both sides on the CPU (default) or one GPU per process (NCCL)")
     parser.add_argument("--out", help="folder for the runs and data (default: a temporary folder)")
     parser.add_argument(
         "--profile",
@@ -335,7 +345,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        workloads = [Workload(p, n, o, args.distribution, args.steps) for p in args.pooling_factor for n in args.procs for o in args.optimizer]
+        workloads = [
+            Workload(p, n, o, args.distribution, args.steps, device=args.device) for p in args.pooling_factor for n in args.procs for o in args.optimizer
+        ]
         rows = {}
         for w in workloads:
             key = (w.pooling_factor, w.procs)

@@ -37,7 +37,31 @@ MULTIPROCESS_MODULES = {
 }
 
 
+# Modules whose tests check that a technique trains what one process trains, and that a
+# checkpoint resumes exactly: marked ``equivalence``. CI runs them a second time with the
+# compiled kernels off (DISTREC_KERNELS=torch), the operators a GPU runs.
+EQUIVALENCE_MODULES = {
+    "test_hotline_distributed",
+    "test_hotline_distributed_step",
+    "test_hotline_training",
+    "test_models",
+    "test_models_dmt",
+    "test_optim",
+    "test_parallel_sptt_embedding",
+    "test_sharded_embedding",
+    "test_sptt",
+    "test_train_distributed",
+    "test_train_dmt",
+    "test_train_loop",
+    "test_train_sptt",
+    "test_train_two_d",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__ in MULTIPROCESS_MODULES:
+        name = item.module.__name__ if item.module is not None else ""
+        if name in MULTIPROCESS_MODULES:
             item.add_marker(pytest.mark.multiprocess)
+        if name in EQUIVALENCE_MODULES:
+            item.add_marker(pytest.mark.equivalence)
