@@ -46,7 +46,6 @@ EQUIVALENCE_MODULES = {
     "test_hotline_training",
     "test_models",
     "test_models_dmt",
-    "test_optim",
     "test_parallel_sptt_embedding",
     "test_sharded_embedding",
     "test_sptt",

@@ -12,6 +12,7 @@ from torch import nn
 
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
+from distrec.kernels import kernels_enabled
 from distrec.models.embedding import row_update_in_backward, update_rows_in_backward
 from distrec.modes import select_mode
 from distrec.parallel.default_plans import uniform_plan
@@ -132,6 +133,7 @@ def _train_reporting_updates_in_backward(rank: int, world_size: int, cfg, out: P
     return stepped
 
 
+@pytest.mark.skipif(not kernels_enabled(), reason="the update in backward is the compiled kernels' (DISTREC_KERNELS=torch turns it off)")
 def test_touched_merge_keeps_the_update_in_backward_and_equals_the_gradient_path(cache, tmp_path):
     """Periodic 2D with row-wise Adagrad (``touched`` merges): the tables are stepped in backward,
     their rows logged from the updates, and training equals the run whose rows are logged from
