@@ -12,11 +12,11 @@ EXAMPLES = """
 examples:
   distrec export --checkpoint runs/criteo -o model.pt2
   distrec export --checkpoint runs/criteo --table-dtype int8 -o model-int8.pt2
-  distrec export --checkpoint runs/criteo --format onnx -o model.onnx      # needs pip install 'distrec[onnx]'
 
 Writes the program and, beside it, FILE.json: the input signature, the features in order,
 the dense transform and how raw categorical values become table rows (docs/serving.md).
-torch.export.load(FILE) runs it without distrec installed: module()(dense, values, lengths).
+torch.export.load(FILE).module()(dense, values, lengths) runs it without distrec installed.
+--format onnx writes an ONNX model instead (needs pip install 'distrec[onnx]').
 """
 
 

@@ -12,7 +12,8 @@ EXAMPLES = """
 examples:
   distrec predict --checkpoint runs/criteo --data ../shared/data/criteo/criteo_kaggle_tiny.tsv \\
       --data-format criteo -o scores.parquet
-  distrec predict --model model.pt2 --data ../shared/data/movielens --data-format movielens -o scores.csv
+  distrec predict --model model.pt2 --data ../shared/data/criteo/criteo_kaggle_tiny.tsv \\
+      --data-format criteo -o scores.csv
 
 Writes one row per scored input row, in input order: row (its position among the input's
 valid rows, from 0), score (the click probability) and label. Malformed input rows are

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,13 +40,15 @@ def missing_operator(error: BaseException) -> str:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """The exporter's progress lines and warnings about optional packages kept off the terminal."""
+    """The exporter's progress lines and its warnings (optional packages, deprecations inside torch) kept off the terminal."""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
