@@ -9,13 +9,14 @@ counted alike), scored one batch at a time and appended to the scores file
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torch.export.graph_signature import InputKind
 from tqdm import tqdm
 
@@ -25,6 +26,7 @@ from distrec.data.source import MalformedRows
 from distrec.errors import DistrecError
 from distrec.serving.inputs import INPUT_NAMES, JaggedInputs
 from distrec.serving.manifest import read_manifest
+from distrec.serving.program import ServingModel
 from distrec.serving.scores_file import ScoresWriter, scores_format
 from distrec.tables import TableConfig
 from distrec.train.evaluate import default_device, load_trained_model, scoring_dataset
@@ -35,15 +37,16 @@ class Predictor:
     """A model ready to score batches, and the data it reads.
 
     Attributes:
-        score: a batch on ``device`` -> click probabilities float32 [B].
+        model: ``(dense, values, lengths) ->`` click probabilities float32 [B], in the signature
+            of ``distrec.serving.inputs``: a trained model in a ``ServingModel``, or an exported program's module.
         cfg: the settings of the run that trained it (``cfg.data``: format, schema, table sizes).
         tables: its tables, in feature order.
         num_dense: its dense features.
         source: the checkpoint folder or program file it came from.
-        device: where its batches go.
+        device: where its inputs go.
     """
 
-    score: Callable[[Batch], torch.Tensor]
+    model: nn.Module
     cfg: RunConfig
     tables: list[TableConfig]
     num_dense: int
@@ -55,8 +58,7 @@ class Predictor:
         """The model of a run (its best one if it kept one, else its last) or checkpoint folder, as ``evaluate`` scores it."""
         device = default_device()
         model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
-        model.eval()
-        return cls(lambda batch: torch.sigmoid(model(batch)), cfg, tables, meta["num_dense"], meta["checkpoint"], device)
+        return cls(ServingModel(model).eval(), cfg, tables, meta["num_dense"], meta["checkpoint"], device)
 
     @classmethod
     def from_program(cls, path: Path) -> Predictor:
@@ -72,8 +74,11 @@ class Predictor:
         inputs = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
         if inputs != list(INPUT_NAMES):
             raise DistrecError(f"{str(path)!r} takes inputs {inputs}, not {list(INPUT_NAMES)}; {fix}")
-        module = program.module()
-        return cls(lambda batch: module(*JaggedInputs.of_batch(batch)), exported.cfg, exported.tables, exported.num_dense, str(path), torch.device("cpu"))
+        return cls(program.module(), exported.cfg, exported.tables, exported.num_dense, str(path), torch.device("cpu"))
+
+    def score(self, batch: Batch) -> np.ndarray:
+        """Click probabilities of the samples of ``batch``: float32 [B]."""
+        return self.model(*JaggedInputs.of_batch(batch.to(self.device))).float().cpu().numpy()
 
 
 @torch.no_grad()
@@ -91,8 +96,9 @@ def predict_file(
     """Score every row of ``data_path`` (in ``data_format``; without it, the data the model was
     trained on) and write ``out`` (.parquet or .csv, see ``distrec.serving.scores_file``).
 
-    Returns what was done: the scores file, rows scored, malformed rows skipped (and the first
-    of their lines), the model's source.
+    Returns what was done: the scores file, rows scored, samples scored per second (reading,
+    scoring and writing, once the model and the data cache are ready), malformed rows skipped
+    (and the first of their lines), the model's source.
 
     Raises:
         DistrecError: ``out`` is neither .parquet nor .csv, or the data cannot be read or
@@ -102,17 +108,20 @@ def predict_file(
     dataset = scoring_dataset(predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress)
     malformed = MalformedRows.from_manifest(dataset.manifest)  # reported by prepare, counted here
     name = Path(predictor.cfg.data.path).name if predictor.cfg.data.path else predictor.cfg.data.format
+    started = time.perf_counter()
     with (
         ScoresWriter(out) as writer,
         tqdm(total=dataset.num_rows, unit=" rows", unit_scale=True, desc=f"predicting {name}", disable=None if progress else True) as bar,
     ):
         for batch in dataset.batches(None, batch_size, shuffle=False):
-            scores = predictor.score(batch.to(predictor.device)).float().cpu().numpy()
+            scores = predictor.score(batch)
             writer.write(np.arange(writer.rows, writer.rows + len(scores)), scores, batch.labels.numpy())
             bar.update(len(scores))
+    seconds = time.perf_counter() - started
     return {
         "scores": str(out),
         "rows": writer.rows,
+        "samples_per_s": writer.rows / seconds if seconds > 0 else 0.0,
         "malformed_rows": malformed.count,
         "malformed_lines": [line for line, _ in malformed.first],
         "model": predictor.source,
