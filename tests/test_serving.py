@@ -269,6 +269,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(runs, tmp_path, capsys):
     assert_one_line_error(capsys, ["predict", "--model", str(exists), "-o", str(tmp_path / "s.parquet")], "is not a torch.export program")
     (tmp_path / "taken.pt2.json").write_text("{}")
     assert_one_line_error(capsys, ["predict", "--model", str(exists), "-o", str(tmp_path / "s.parquet")], "does not describe an exported model")
+    (tmp_path / "taken.pt2.json").write_text('{"kind": "distrec-export", "version": 1}')
+    assert_one_line_error(capsys, ["predict", "--model", str(exists), "-o", str(tmp_path / "s.parquet")], "lacks 'tables'", "export the model again")
     # data of other features: a Criteo file (26 features) for a model of 5
     criteo = synthesize(SyntheticConfig(rows=20, num_sparse=26, pooling_factor=1), tmp_path / "other.tsv", progress=False)
     for model in (["--checkpoint", str(run)], ["--model", str(tmp_path / "real.pt2")]):

@@ -153,8 +153,9 @@ def read_manifest(program: Path) -> ExportedModel:
         raise DistrecError(f"{str(path)!r} does not describe an exported model; {fix}")
     if document.get("version") != VERSION:
         raise DistrecError(f"{str(path)!r} has version {document.get('version')}, this distrec reads {VERSION}; export the model again")
-    dim = document["tables"]["dim"]
-    tables = [TableConfig(f["name"], f["table_rows"], dim, f["multi_hot"]) for f in document["sparse_features"]]
-    cfg = config_mod.from_dict({"data": document["data"]})
-    num_dense = document["inputs"][0]["shape"][1]
-    return ExportedModel(cfg, tables, num_dense, document["program_format"])
+    try:
+        dim = document["tables"]["dim"]
+        tables = [TableConfig(f["name"], f["table_rows"], dim, f["multi_hot"]) for f in document["sparse_features"]]
+        return ExportedModel(config_mod.from_dict({"data": document["data"]}), tables, document["inputs"][0]["shape"][1], document["program_format"])
+    except (KeyError, IndexError, TypeError) as e:
+        raise DistrecError(f"{str(path)!r} lacks {e} or has it malformed; export the model again") from None

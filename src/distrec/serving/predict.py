@@ -20,6 +20,7 @@ from torch import nn
 from torch.export.graph_signature import InputKind
 from tqdm import tqdm
 
+from distrec.allocator import keep_freed_memory
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
 from distrec.data.source import MalformedRows
@@ -105,6 +106,8 @@ def predict_file(
             has other features than the model (nothing is written).
     """
     scores_format(out)
+    if predictor.device.type == "cpu":
+        keep_freed_memory()  # each batch's activations reuse freed heap, not fresh pages (distrec.allocator)
     dataset = scoring_dataset(predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress)
     malformed = MalformedRows.from_manifest(dataset.manifest)  # reported by prepare, counted here
     name = Path(predictor.cfg.data.path).name if predictor.cfg.data.path else predictor.cfg.data.format
