@@ -275,7 +275,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(runs, tmp_path, capsys):
     criteo = synthesize(SyntheticConfig(rows=20, num_sparse=26, pooling_factor=1), tmp_path / "other.tsv", progress=False)
     for model in (["--checkpoint", str(run)], ["--model", str(tmp_path / "real.pt2")]):
         line = assert_one_line_error(capsys, ["predict", *model, "--data", str(criteo), "--data-format", "criteo", "-o", str(tmp_path / "s.parquet")])
-        assert "sparse features [C1, C2, C3, C4, C5, C6, ... (20 more)], the model 13 and [C1, C2, C3, C4, C5]" in line
+        assert "different features than the model: 13 dense and [C1, C2, C3, C4, C5, C6, ... (20 more)], the model's 13 and [C1, C2, C3, C4, C5]" in line
     assert {p.name for p in set(tmp_path.iterdir()) - before} == {"empty", "taken.pt2", "taken.pt2.json", "real.pt2", "real.pt2.json", "other.tsv"}
     assert exists.read_text() == "mine"
 

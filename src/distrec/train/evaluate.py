@@ -123,7 +123,7 @@ def scoring_dataset(
     dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
     if dataset.num_dense != num_dense or dataset.feature_names != [t.name for t in tables]:
         raise DistrecError(
-            f"the data has {dataset.num_dense} dense features and sparse features {_shown(dataset.feature_names)}, the model "
+            f"the data has different features than the model: {dataset.num_dense} dense and {_shown(dataset.feature_names)}, the model's "
             f"{num_dense} and {_shown([t.name for t in tables])}; use data in the format and schema the model was trained on"
         )
     dataset.override_tables(tables)
