@@ -35,6 +35,13 @@ class ServingTables(nn.Module):
         torch.Size([B, F, D])
     """
 
+    rows: torch.Tensor
+    """The stored rows of every table, stacked: float32 or float16 [R, D], or uint8 [R, D] (int8)."""
+    scale_bias: torch.Tensor | None
+    """int8: each row's float32 (scale, bias) [R, 2]; else None."""
+    row_steps: torch.Tensor
+    """int64 [F]: each table's first row minus the previous table's (the previous table's rows; 0 for the first)."""
+
     def __init__(self, bags: EmbeddingBagCollection, dtype: TableDtype = "fp32") -> None:
         super().__init__()
         self.tables = list(bags.tables)
@@ -45,8 +52,7 @@ class ServingTables(nn.Module):
         self.table_bytes = stored_bytes(stored)
         self.register_buffer("rows", stored["rows"])
         self.register_buffer("scale_bias", stored.get("scale_bias"))
-        # added to a feature's indices from its first one on: its table's first row minus the previous table's
-        self.register_buffer("row_steps", torch.diff(bags.row_offsets.cpu(), prepend=bags.row_offsets.new_zeros(1).cpu()))
+        self.register_buffer("row_steps", torch.tensor([0, *(t.num_rows for t in self.tables[:-1])], dtype=torch.int64))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Pooled embeddings of every feature: float32 [B, F, D], contiguous."""

@@ -70,6 +70,7 @@ def save_onnx(program: ExportedProgram, path: Path, check: JaggedInputs) -> bool
             exported = torch.onnx.export(program, (), dynamo=True, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME], verbose=False)
         except Exception as e:  # the exporter's ConversionError, wrapping what it could not translate
             raise DistrecError(f"the ONNX exporter cannot translate this model: {missing_operator(e)}; export it with --format pt2 instead") from None
+        assert exported is not None  # dynamo=True always returns the ONNX program
         exported.save(str(path))
     if importlib.util.find_spec("onnxruntime") is None:
         return False

@@ -109,6 +109,7 @@ def predict_file(
     if predictor.device.type == "cpu":
         keep_freed_memory()  # each batch's activations reuse freed heap, not fresh pages (distrec.allocator)
     dataset = scoring_dataset(predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress)
+    assert dataset.manifest is not None  # a prepared cache's
     malformed = MalformedRows.from_manifest(dataset.manifest)  # reported by prepare, counted here
     name = Path(predictor.cfg.data.path).name if predictor.cfg.data.path else predictor.cfg.data.format
     started = time.perf_counter()
