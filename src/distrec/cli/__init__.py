@@ -25,7 +25,7 @@ from distrec.cli import failures  # not its names: ``report`` is also a command 
 from distrec.errors import DistrecError
 
 # module names under distrec.cli, in the order ``distrec --help`` lists them
-COMMANDS = ["train", "evaluate", "data", "report", "plan", "partition", "simulate", "bench"]
+COMMANDS = ["train", "evaluate", "export", "predict", "data", "report", "plan", "partition", "simulate", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,6 +93,49 @@ def load_trained_model(
     return model, cfg, tables, {**meta, "checkpoint": str(ckpt)}
 
 
+def scoring_dataset(
+    cfg: RunConfig,
+    tables: list[TableConfig],
+    num_dense: int,
+    data_path: str | None,
+    data_format: str | None,
+    schema: str | None = None,
+    cache_dir: str | None = None,
+    strict: bool | None = None,
+    progress: bool = True,
+) -> Dataset:
+    """The data a saved model scores, its raw ids hashed into the model's ``tables`` as its run
+    hashed them: ``data_path`` (in ``data_format``, else the run's format), or without it the
+    run's own data (``cfg.data``, updated in place with the options given).
+
+    Raises:
+        DistrecError: the data's dense or sparse features are not the model's.
+    """
+    if data_path is not None:
+        cfg.data.path = data_path
+        cfg.data.format = data_format or cfg.data.format
+    if schema is not None:
+        cfg.data.schema = schema
+    if cache_dir is not None:
+        cfg.data.cache_dir = cache_dir
+    if strict is not None:
+        cfg.data.strict = strict
+    dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
+    if dataset.num_dense != num_dense or dataset.feature_names != [t.name for t in tables]:
+        raise DistrecError(
+            f"the data has different features than the model: {dataset.num_dense} dense and {_shown(dataset.feature_names)}, the model's "
+            f"{num_dense} and {_shown([t.name for t in tables])}; use data in the format and schema the model was trained on"
+        )
+    dataset.override_tables(tables)
+    return dataset
+
+
+def _shown(names: list[str], limit: int = 6) -> str:
+    """``names`` as a short bracketed list: the first ``limit``, then how many more."""
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return "[" + ", ".join(names[:limit]) + more + "]"
+
+
 def evaluate_checkpoint(
     checkpoint: Path,
     data_path: str | None,
@@ -113,19 +156,7 @@ def evaluate_checkpoint(
     """
     device = default_device()
     model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
-    if data_path is not None:
-        cfg.data.path = data_path
-        cfg.data.format = data_format or cfg.data.format
-    if schema is not None:
-        cfg.data.schema = schema
-    if cache_dir is not None:
-        cfg.data.cache_dir = cache_dir
-    if strict is not None:
-        cfg.data.strict = strict
-    dataset = Dataset(prepare(cfg.data, progress=progress), cfg.data)
-    if dataset.num_dense != meta["num_dense"] or [t.name for t in dataset.tables(cfg.model.embedding_dim)] != [t.name for t in tables]:
-        raise DistrecError("the evaluation data has different features than the model was trained on; use data in the same format and schema")
-    dataset.override_tables(tables)
+    dataset = scoring_dataset(cfg, tables, meta["num_dense"], data_path, data_format, schema, cache_dir, strict, progress)
     if data_path is None and split != "all":
         splits = split_rows(dataset, cfg)
         if split not in splits:
