@@ -111,7 +111,7 @@ def test_ctrl_c_on_a_two_process_run_is_one_line(tmp_path):
     lines = stderr_lines(stderr)
     assert len(lines) == 3 and lines[:2] == [CHOSEN_OPTIMIZERS, f"{ANNOUNCED_RUN}{out}"], stderr  # from rank 0 only
     assert lines[2].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
-    assert f"continue with 'distrec train --resume {out}'" in lines[2]
+    assert f"continue with 'distrec train --resume {out} --nproc-per-node 2'" in lines[2]  # as many processes as it ran on
 
 
 def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
@@ -170,3 +170,26 @@ def test_each_restart_of_the_workers_is_one_line_naming_the_failure(tmp_path, ca
         "distrec: rank 0 failed: the loss became nan; lower the learning rate; restarting from step 200 (restart 2 of 2)",
     ]
     assert not launcher.filters
+
+
+def test_ctrl_c_before_any_checkpoint_finishes_the_step_saves_and_resumes(tmp_path):
+    """No checkpoint is due by step count or time: the signal itself saves one."""
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--max-steps", "100000", "--set", "train.log_every=1", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 3) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (out / "checkpoint").exists()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    step = read_meta(find_checkpoint(out))["step"]
+    assert step >= 3 and stderr_lines(stderr)[-1] == (
+        f"distrec: interrupted (Ctrl-C); the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+    )
+    resumed = distrec("train", "--resume", out, "--max-steps", step + 2, "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["steps"] == step + 2

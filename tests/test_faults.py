@@ -270,3 +270,23 @@ def test_a_plan_listing_a_table_twice_names_the_table():
     plan["tables"].append(plan["tables"][0])
     with pytest.raises(DistrecError, match=r"lists table\(s\) t0 more than once"):
         ShardingPlan.from_dict(plan).validate(tables)
+
+
+def test_resume_refuses_a_tower_partition_that_changed_since_the_run(tmp_path):
+    from distrec.tower_partition import TowerPartition
+    from distrec.train.loop import train
+    from distrec.train.run import resume_config
+    from tiny_runs import tiny_config
+
+    towers = tmp_path / "towers.json"
+    TowerPartition([["C4", "C1", "C3"], ["C2", "C5"]], "coherent").save(towers)
+    cfg = tiny_config(tmp_path / "cache", 3, towers=str(towers))
+    cfg.model.tower_module, cfg.model.tower_compression = "dlrm", 2.0
+    train(cfg, tmp_path / "run", progress=False)
+    assert resume_config(tmp_path / "run", None, 5, None).parallel.towers == str(towers)  # unchanged: resumes
+    TowerPartition([["C2", "C1", "C3"], ["C4", "C5"]], "coherent").save(towers)  # two features swapped, sizes kept
+    with pytest.raises(DistrecError, match="differs from the towers .* was trained with"):
+        resume_config(tmp_path / "run", None, 5, None)
+    towers.unlink()
+    with pytest.raises(DistrecError, match="no longer loads"):
+        resume_config(tmp_path / "run", None, 5, None)

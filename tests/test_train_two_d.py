@@ -207,8 +207,8 @@ def test_periodic_sync_lets_replicas_drift_between_syncs(cache, reference_half, 
     run_distributed(train_on_rank, 4, _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=3), tmp_path / "run")
     losses = train_losses(tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    # syncs at steps 3 and 6, and one more (not a training step's) before the checkpoint
-    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] * 2 / 3 / STEPS), True)
+    # syncs at steps 3 and 6, and none before the checkpoint: the replicas were averaged at step 6
+    assert _replica_sync_per_step(tmp_path / "run") == (pytest.approx(summary["replica_sync_bytes"] / STEPS), True)
     assert losses[:1] == pytest.approx(train_losses(reference_half)[:1], abs=1e-5)  # the same start
     assert losses != pytest.approx(train_losses(reference_half), abs=1e-5)
 
@@ -308,3 +308,16 @@ def test_periodic_2d_with_sptt_and_tower_modules_resumes_exactly(cache, tmp_path
     assert_same_parameters(trained_parameters(resumed), trained_parameters(whole))
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["replica_sync"] == "periodic" and summary["replica_sync_bytes"] > 0 and summary["dmt"]["compression"] > 1
+
+
+def test_periodic_2d_reports_the_metrics_of_the_model_it_saves(cache, tmp_path):
+    """Checkpoints and evaluations between periodic syncs: the replicas are averaged before
+    each, so the summary's metrics are those of the saved model."""
+    from distrec.train.evaluate import evaluate_checkpoint
+
+    cfg = _cfg(cache, replica_groups=2, sharding="row_wise", replica_sync="periodic", sync_every=4)
+    cfg.train.checkpoint_every, cfg.train.eval_every = 3, 5
+    run_distributed(train_on_rank, 4, cfg, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    scored = evaluate_checkpoint(tmp_path / "run", None, None, progress=False)
+    assert scored["auc"] == pytest.approx(summary["auc"], abs=1e-6) and scored["logloss"] == pytest.approx(summary["logloss"], abs=1e-6)

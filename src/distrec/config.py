@@ -228,7 +228,10 @@ class TrainConfig:
     patience: int = 5
     """Without ``epochs`` and ``max_steps``: evaluations without a better validation AUC before training stops."""
     checkpoint_every: int = 0
-    """Steps between checkpoints, besides the one at the end; 0: at the end only."""
+    """Steps between checkpoints, besides the one at the end and those by time; 0: none by step count."""
+    checkpoint_minutes: float = 10.0
+    """Minutes between checkpoints by time (a run killed outright loses at most this much);
+    0: none by time. Ctrl-C and SIGTERM save one too, after the step in flight."""
     log_every: int = 50
     """Steps between records of the training loss and speed in the metrics log; 0: none."""
     tensorboard: bool = False
@@ -266,6 +269,7 @@ class TrainConfig:
             "decay_steps",
             "eval_every",
             "checkpoint_every",
+            "checkpoint_minutes",
             "log_every",
             "threads",
         ):

@@ -224,10 +224,12 @@ def _what_was_kept(out: Path) -> str:
     if not has_checkpoint(out):
         return f"no checkpoint was written in {str(out)!r} yet"
     try:
-        step = read_meta(find_checkpoint(out))["step"]
+        meta = read_meta(find_checkpoint(out))
     except DistrecError:
         return f"the checkpoint in {str(out)!r} is unreadable"
-    return f"the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'"
+    procs = int(meta.get("world_size", 1))
+    resume = f"distrec train --resume {out}" + (f" --nproc-per-node {procs}" if procs > 1 else "")  # on as many processes as it ran on
+    return f"the checkpoint of step {meta['step']} in {str(out)!r} is intact: continue with '{resume}'"
 
 
 def _restart_point(out: Path) -> str:

@@ -186,8 +186,8 @@ class Axis:
         """The ranks to shard the tables over, given those the previous axes left."""
         return env
 
-    def after_sharding(self, mode: ParallelMode) -> None:
-        """Called once the mode's embeddings are built (e.g. to create process groups)."""
+    def after_sharding(self, mode: ParallelMode, model: RecommendationModel) -> None:
+        """Called once the mode built ``model``'s embeddings (e.g. to hook the model's forward)."""
 
     def gradient_sync(self, mode: ParallelMode, model: RecommendationModel, inner: GradientSync | None) -> GradientSync | None:
         """The gradient sync with this axis' part added to the mode's (``inner``)."""
@@ -298,7 +298,7 @@ def parallelize(model: RecommendationModel, mode: ParallelMode, optimization: Op
     parallelism, the step with ``optimization``'s optimizers."""
     mode.shard_embeddings(model)
     for axis in mode.axes:
-        axis.after_sharding(mode)
+        axis.after_sharding(mode, model)
     model.to(mode.ctx.device)
     module = mode.wrap_dense(model)
     mode.model = model

@@ -208,8 +208,19 @@ class ReplicaGroups(Axis):
         self.touches = TouchLog()
         self.mode: BlockMode | None = None
         self.periodic: PeriodicReplicaSync | None = None
+        self._averaged_at = 0  # the periodic step count when the replicas were last averaged
         self._syncs_rows = True  # whether the gradient sync reads row gradients (gradient_sync says)
         self._unwatched: list[nn.Parameter] = []  # with touched merges: the parameters whose rows mark_touched logs
+
+    def after_sharding(self, mode: ParallelMode, model: RecommendationModel) -> None:
+        model.register_forward_pre_hook(self._before_evaluation)
+
+    def _before_evaluation(self, module: nn.Module, args: object) -> None:
+        """Before a forward that does not train (an evaluation: every rank at once), average the
+        replicas a periodic sync left apart, so that every group scores the model a checkpoint
+        saves."""
+        if not module.training and self.periodic is not None and self._averaged_at != self.periodic.steps:
+            self.sync_bytes += self.average_replicas()
 
     def sharding_env(self, env: ShardingEnv) -> ShardingEnv:
         return ShardingEnv(self.shard_group, self.group_size, self.ctx.rank % self.group_size)
@@ -296,6 +307,7 @@ class ReplicaGroups(Axis):
                 tensor /= self.groups
                 sent += tensor.numel() * tensor.element_size()
         self.touches.steps = 0
+        self._averaged_at = self.periodic.steps if self.periodic is not None else 0
         return sent
 
     # --- checkpoints ---------------------------------------------------------------------
@@ -303,7 +315,7 @@ class ReplicaGroups(Axis):
         return self.group_index == 0  # one copy of every table: group 0's
 
     def before_save(self) -> None:
-        if self.periodic is not None:
+        if self.periodic is not None and self._averaged_at != self.periodic.steps:  # not averaged since the last step
             self.sync_bytes += self.average_replicas()
 
     def state_dict(self) -> dict[str, Any]:

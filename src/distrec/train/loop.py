@@ -40,6 +40,7 @@ from distrec.train.checkpointer import Checkpointer, RandomGenerators
 from distrec.train.early_stopping import BestModel
 from distrec.train.evaluate import default_device, evaluate_sharded
 from distrec.train.finite_loss import FiniteLossCheck
+from distrec.train.interrupts import RunRequests, StopRequested
 from distrec.train.length import Position, resolve_length
 from distrec.train.run import MetricsLog, peak_rss_per_rank, prepare_per_host, seed_everything, split_rows
 from distrec.train.summary import Summary, breakdown_description
@@ -92,6 +93,7 @@ class Trainer:
         self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
         self._saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
         self.losses = FiniteLossCheck(self.distributed)
+        self.requests = RunRequests(self.distributed, cfg.train.checkpoint_minutes)
 
     def close(self) -> None:
         """Release what outlives a step (the mode's worker threads and files)."""
@@ -99,13 +101,8 @@ class Trainer:
 
     def _run_meta(self) -> dict[str, Any]:
         """The run's entries of a checkpoint's metadata (the mode's format adds its layout)."""
-        return {
-            "step": self.position.step,
-            "num_dense": self.dataset.num_dense,
-            "tables": [t.to_dict() for t in self.tables],
-            "config": config_mod.to_dict(self.cfg),
-            "world_size": self.world_size,
-        }
+        meta = {"step": self.position.step, "num_dense": self.dataset.num_dense, "world_size": self.world_size}
+        return {**meta, "tables": [t.to_dict() for t in self.tables], "config": config_mod.to_dict(self.cfg)}
 
     # --- the run's life: start, steps, the periodic work, finish -----------------------------
     def fit(self, resume: bool = False) -> dict[str, Any] | None:
@@ -113,6 +110,10 @@ class Trainer:
         ``out``. Returns the summary on rank 0 (None on the other ranks)."""
         if not self._start(resume):
             return self._nothing_to_do()
+        with self.requests:
+            return self._train(resume)
+
+    def _train(self, resume: bool) -> dict[str, Any] | None:
         log = MetricsLog(self.out / run_files.METRICS_FILE, self.position.step if resume else None, self.cfg.train.tensorboard) if self.rank == 0 else None
         first_step, started = self.position.step, time.perf_counter()
         total = None if self.length.until_converged else self.length.total_steps
@@ -163,11 +164,9 @@ class Trainer:
 
     def _epoch_batches(self) -> Iterator[Batch]:
         """This rank's batches of the rest of the current epoch (pinned for a GPU)."""
-        t, p, shard = self.cfg.train, self.position, (self.rank, self.world_size)
-        pin = self.device.type == "cuda"
-        return self.dataset.batches(
-            self.splits["train"], self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, shard=shard, pin=pin
-        )
+        t, p, rows = self.cfg.train, self.position, self.splits["train"]
+        where = {"shard": (self.rank, self.world_size), "pin": self.device.type == "cuda"}
+        return self.dataset.batches(rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, **where)
 
     def _step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step on this rank's part of a global batch; its loss (detached)."""
@@ -186,7 +185,7 @@ class Trainer:
 
     def _periodic(self, log: MetricsLog | None, bar: tqdm, loss: torch.Tensor, samples_s: float) -> dict[str, float] | None:
         """After a step: log the mean loss over ranks, evaluate, checkpoint, each when its
-        interval says; the evaluation's metrics, if one ran (collectives, on every rank)."""
+        interval says, and stop after a signal; the evaluation's metrics, if one ran (collectives)."""
         t, step = self.cfg.train, self.position.step
         if t.log_every and step % t.log_every == 0:
             self._check_losses()
@@ -197,8 +196,11 @@ class Trainer:
                 log.timings(step, samples_s, self.timer.steps[-t.log_every :])
         every = self.length.eval_every
         evaluated = self._evaluate_and_log(log) if every and step % every == 0 and step < self.length.total_steps else None
-        if t.checkpoint_every and step % t.checkpoint_every == 0:
+        agreed = self.requests.agreed(step)  # a signal or a checkpoint due by time, on any rank
+        if (t.checkpoint_every and step % t.checkpoint_every == 0) or agreed.save or agreed.stop is not None:
             self._save()
+        if agreed.stop is not None:
+            raise StopRequested(agreed.stop)  # every rank at this step, the checkpoint saved
         return evaluated
 
     def _finish(self, log: MetricsLog | None, last_val: dict[str, float], trained: int, elapsed: float) -> dict[str, Any] | None:
@@ -242,6 +244,7 @@ class Trainer:
     def _save(self) -> None:
         self._check_losses()  # a diverged model is never saved
         self.checkpointer.save()
+        self.requests.saved()
         self._saved_step = self.position.step
 
     # --- evaluation and stopping -------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import resource
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ import torch
 import torch.distributed as dist
 
 from distrec import config as config_mod
+from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
 from distrec.config import DataConfig, RunConfig
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
 from distrec.io import atomic_write_json, read_json
 from distrec.modes import check_mode
 from distrec.parallel.plan import ShardingPlan
+from distrec.tower_partition import resolve_towers
 from distrec.train.tensorboard import TensorBoardSink
 
 CONFIG_FILE = "config.yaml"
@@ -30,6 +33,25 @@ SUMMARY_FILE = "summary.json"
 BREAKDOWN_FILE = "breakdown.json"
 PLAN_FILE = "plan.json"
 TENSORBOARD_DIR = "tensorboard"  # event files of a --tensorboard run
+
+
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The lines of a metrics log with their records. A last line cut short (a run killed while
+    writing it) is dropped with a note; any other unreadable line is one DistrecError."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError("no step")
+        except ValueError:
+            if number == len(lines):
+                print(f"distrec: dropping the unfinished last line of {path} (the run was stopped while writing it)", file=sys.stderr)
+                break
+            raise DistrecError(f"{path} line {number} is not a metrics record; restore the file from a copy of the run, or delete the line") from None
+        records.append((line, record))
+    return records
 
 
 class MetricsLog:
@@ -45,7 +67,7 @@ class MetricsLog:
         if keep_through_step is None:
             path.write_text("")
         elif path.exists():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= keep_through_step]
+            kept = [line for line, record in _records(path) if record["step"] <= keep_through_step]
             path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -155,4 +177,25 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
     for key, value in parallel.items():
         setattr(cfg.parallel, key, value)
     config_mod.validate(cfg)
+    check_saved_towers(run_dir, cfg)
     return cfg
+
+
+def check_saved_towers(run_dir: Path, cfg: RunConfig) -> None:
+    """Raise DistrecError when the towers ``cfg`` names (``--towers`` file, or strided over
+    ``--hosts``) are not those the run's checkpoint was trained with (a file edited, moved or
+    swapped since would train another model)."""
+    if not has_checkpoint(run_dir):
+        return
+    meta = read_meta(find_checkpoint(run_dir))
+    saved = meta.get("towers")
+    if saved is None:
+        return
+    names = [t["name"] for t in meta["tables"]]
+    source = f"the tower partition {cfg.parallel.towers!r}" if cfg.parallel.towers else f"the towers strided over {cfg.parallel.tower_count} hosts"
+    try:
+        towers = resolve_towers(names, cfg.parallel.towers, cfg.parallel.tower_count)
+    except DistrecError as e:
+        raise DistrecError(f"{source} no longer loads ({e}); put back the file the run was trained with") from None
+    if [[names[f] for f in tower] for tower in towers] != saved["features"]:
+        raise DistrecError(f"{source} differs from the towers {str(run_dir)!r} was trained with; put back the original file, or train a new run with it")

@@ -13,6 +13,12 @@ METRICS = ("auc", "logloss", "accuracy", "ne")
 """The click metrics every evaluation reports (``distrec.train.metrics``)."""
 
 
+def _number(value: float | None) -> float | None:
+    """A metric as JSON has it: a finite number, else null (no validation rows, or a metric a
+    constant prediction leaves undefined); JSON has no NaN."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 @dataclass
 class Summary:
     """The run's final model and speed, as ``summary.json`` holds them (``to_dict``)."""
@@ -36,7 +42,7 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         summary = {
-            **{k: self.metrics.get(k, math.nan) for k in METRICS},
+            **{k: _number(self.metrics.get(k)) for k in METRICS},
             "steps": self.steps,
             "epochs": self.epochs,
             "samples_per_s": self.samples_per_s,
