@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from distrec.cli.flags import FLAGS, add_flags
 from distrec.config import PRESETS
@@ -69,3 +70,8 @@ def config_from_args(args: argparse.Namespace):
     if getattr(args, "data", None) and getattr(args, "data_format", None) is None and cfg.data.format == "synthetic":
         raise DistrecError("--data needs --data-format (criteo, movielens, csv or parquet), or a --config that sets data.format")
     return cfg
+
+
+def data_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The data flags of a scoring command (``add_data_args``), as the scoring functions name them."""
+    return {"data_path": args.data, "data_format": args.data_format, "schema": args.schema, "cache_dir": args.cache_dir, "strict": args.strict}

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distrec.cli.args import EXAMPLES_FORMAT, add_data_args, add_trust_arg, check_at_least, trusting
+from distrec.cli.args import EXAMPLES_FORMAT, add_data_args, add_trust_arg, check_at_least, data_options, trusting
 
 EXAMPLES = """
 examples:
@@ -35,16 +35,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     check_at_least("--batch-size", args.batch_size, 1)
     with trusting(args):
-        result = evaluate_checkpoint(
-            Path(args.checkpoint),
-            data_path=args.data,
-            data_format=args.data_format,
-            schema=args.schema,
-            cache_dir=args.cache_dir,
-            strict=args.strict,
-            batch_size=args.batch_size,
-            progress=not args.no_progress,
-            split=args.split,
-        )
+        result = evaluate_checkpoint(Path(args.checkpoint), **data_options(args), batch_size=args.batch_size, progress=not args.no_progress, split=args.split)
     print(json.dumps(result))
     return 0

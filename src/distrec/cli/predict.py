@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distrec.cli.args import EXAMPLES_FORMAT, add_data_args, add_trust_arg, check_at_least, trusting
+from distrec.cli.args import EXAMPLES_FORMAT, add_data_args, add_trust_arg, check_at_least, data_options, trusting
 
 EXAMPLES = """
 examples:
@@ -41,16 +41,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     scores_format(Path(args.output))
     with trusting(args):
         predictor = Predictor.from_checkpoint(Path(args.checkpoint)) if args.checkpoint else Predictor.from_program(Path(args.model))
-    result = predict_file(
-        predictor,
-        Path(args.output),
-        data_path=args.data,
-        data_format=args.data_format,
-        schema=args.schema,
-        cache_dir=args.cache_dir,
-        strict=args.strict,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-    )
+    result = predict_file(predictor, Path(args.output), **data_options(args), batch_size=args.batch_size, progress=not args.no_progress)
     print(json.dumps(result))
     return 0
