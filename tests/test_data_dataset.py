@@ -110,7 +110,7 @@ def test_resume_does_not_build_skipped_batches(monkeypatch):
     dataset = toy(100)
     built = []
     original = dataset.batch
-    monkeypatch.setattr(dataset, "batch", lambda rows: built.append(rows.copy()) or original(rows))
+    monkeypatch.setattr(dataset, "batch", lambda rows, *rest: built.append(rows.copy()) or original(rows, *rest))
     list(dataset.batches(None, 10, shuffle=True, seed=0, start_step=8))
     assert len(built) == 2
 
