@@ -145,6 +145,8 @@ class RowCheck:
         self._reasons: list[tuple[np.ndarray, str]] = []
 
     def flag(self, mask: np.ndarray, reason: str) -> None:
+        if not mask.any():
+            return
         new = mask & ~self.bad
         if new.any():
             self._reasons.append((np.flatnonzero(new), reason))
