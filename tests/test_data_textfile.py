@@ -60,14 +60,18 @@ def test_binary_input_is_one_line_naming_the_file(tmp_path, name):
         read_header(path, ",")
 
 
-def test_fraction_read_follows_the_blocks_of_a_plain_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(textfile, "_MIN_BLOCK_BYTES", 600)
+def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path, monkeypatch):
     path = tmp_path / "f.csv"
     path.write_text("".join(f"{i},{'x' * (i % 7)}\n" for i in range(1000)))
+    stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=100, column_names=["a", "b"], text_columns=["a", "b"])
+    fractions = [stream.fraction_read() for _batch in stream]
+    assert fractions == sorted(fractions) and len(fractions) == 10
+    assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(0.1, abs=0.02)
+    monkeypatch.setattr(textfile, "_MIN_BLOCK_BYTES", 600)  # several blocks: each block's bytes go to its rows
     stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=1, column_names=["a", "b"], text_columns=["a", "b"])
     fractions = [stream.fraction_read() for _batch in stream]
-    assert fractions == sorted(fractions) and len(fractions) == 1000
-    assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(600 / path.stat().st_size, abs=0.002)
+    assert fractions == sorted(fractions) and len(fractions) == 1000 and fractions[-1] == pytest.approx(1.0)
+    assert fractions[99] == pytest.approx(0.1, abs=0.02) and fractions[499] == pytest.approx(0.5, abs=0.02)
 
 
 def test_a_non_utf8_line_with_the_wrong_field_count_is_one_line(tmp_path, capsys):

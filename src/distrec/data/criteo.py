@@ -54,6 +54,7 @@ def read_criteo(path: str | Path, chunk_rows: int = 262_144, strict: bool = Fals
         chunks=_chunks(stream),
         malformed=malformed,
         fraction_read=stream.fraction_read,
+        lines_read=lambda: stream.lines,
     )
 
 
@@ -66,9 +67,9 @@ def _chunks(stream: CsvStream) -> Iterator[Chunk]:
                 yield _convert(batch, line_numbers, stream.malformed)
             continue
         labels, dense, raw = clean
-        stream.count_lines(labels.size)
         for start in range(0, labels.size, stream.chunk_rows):
             end = min(start + stream.chunk_rows, labels.size)
+            stream.count_lines(end - start, end, labels.size)
             ones = np.ones(end - start, np.int32)  # every feature's bag lengths, shared
             yield Chunk(dense[start:end], labels[start:end], [(values[start:end], ones) for values in raw])
 

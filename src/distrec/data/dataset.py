@@ -1,6 +1,7 @@
 """A prepared data set: splits, table sizes and fast, resumable mini-batches.
 
-Raw ids become table rows at batch time: ``index = 0 if raw == 0 else 1 + (raw - 1) %
+A data set of several files memory-maps each file's cache and numbers the rows in file
+order; a batch gathers from every file its rows fall in. Raw ids become table rows at batch time: ``index = 0 if raw == 0 else 1 + (raw - 1) %
 (rows - 1)``, so row 0 of every table is the reserved "missing" row. A feature's table has
 ``data.table_sizes[name]`` rows if given, else ``min(max_ind_range, id_bound)`` for
 small-integer-id features (MovieLens ids map one to one), else ``max_ind_range``.
@@ -17,20 +18,12 @@ import torch
 
 from distrec.config import DataConfig
 from distrec.data.batch import Batch
-from distrec.data.cache import (
-    CACHE_FORMAT_VERSION,
-    DENSE_FILE,
-    LABELS_FILE,
-    ids_file,
-    offsets_file,
-    read_manifest,
-)
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
 from distrec.data.prefetch import prefetch
 from distrec.data.source import Chunk, Source, SparseFeature, gather_bags
+from distrec.data.split import split_rows
 from distrec.errors import DistrecError
 from distrec.tables import TableConfig
-
-SPLIT_EXAMPLES = "e.g. random:0.1, random:0.1:0.1, last:0.2 or last:0.1:0.1"
 
 
 def table_rows(feature: SparseFeature, cfg: DataConfig) -> int:
@@ -59,26 +52,42 @@ def num_batches(num_rows: int, batch_size: int, drop_last: bool = False) -> int:
     return num_rows // batch_size if drop_last else -(-num_rows // batch_size)
 
 
-def parse_split(spec: str) -> tuple[str, float, float | None]:
-    """``random:VAL[:TEST]`` or ``last:VAL[:TEST]`` as (kind, val fraction, test fraction or None)."""
-    parts = spec.split(":")
-    try:
-        if parts[0] not in ("random", "last") or len(parts) not in (2, 3):
-            raise ValueError
-        val, test = float(parts[1]), float(parts[2]) if len(parts) == 3 else None
-    except ValueError:
-        raise DistrecError(f"split {spec!r} is not KIND:VAL[:TEST] with KIND random or last; {SPLIT_EXAMPLES}") from None
-    if not (0 <= val < 1 and 0 <= (test or 0) < 1 and val + (test or 0) < 1):
-        raise DistrecError(f"split {spec!r}: fractions must be in [0, 1) and sum below 1; {SPLIT_EXAMPLES}")
-    return parts[0], val, test
-
-
 @dataclass
 class _Column:
     """One feature's raw ids: values [nnz] and, for multi-hot features, offsets [rows + 1]."""
 
     values: np.ndarray
     offsets: np.ndarray | None
+
+
+@dataclass
+class _File:
+    """The rows of one input file: dense float32 [n, n_dense], labels float32 [n], and one
+    column per feature."""
+
+    dense: np.ndarray
+    labels: np.ndarray
+    columns: list[_Column]
+
+    @staticmethod
+    def load(directory: Path, features: list[SparseFeature]) -> _File:
+        """Memory-map the cache of one file."""
+        manifest = read_manifest(directory)
+        n = manifest["rows"]
+        columns = [
+            _Column(
+                _memmap(directory / ids_file(f), np.int64, (d["nnz"],)),
+                _memmap(directory / offsets_file(f), np.int64, (n + 1,)) if feat.multi_hot else None,
+            )
+            for f, (feat, d) in enumerate(zip(features, manifest["features"]))
+        ]
+        return _File(_memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"]))), _memmap(directory / LABELS_FILE, np.float32, (n,)), columns)
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray | None]]]:
+        """Dense [b, n_dense], labels [b] and per feature (raw ids, bag lengths int64 [b] or None
+        for single-hot) of ``rows`` (int64 [b], rows of this file), in that order."""
+        raws = [(c.values[rows], None) if c.offsets is None else gather_bags(c.values, c.offsets, rows) for c in self.columns]
+        return self.dense[rows], self.labels[rows], raws
 
 
 def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -95,8 +104,11 @@ class Dataset:
     """Rows of a prepared data set, memory-mapped from a cache directory or held in memory.
 
     Args:
-        cache_dir: a cache made by :func:`distrec.data.prepare`.
+        cache_dir: a cache made by :func:`distrec.data.prepare` (one file's, or a set of files').
         cfg: table sizing (``max_ind_range``, ``table_sizes``); defaults if None.
+
+    Attributes:
+        file_starts: int64 [files + 1], the first row of each input file, then the number of rows.
 
     Example:
         >>> ds = Dataset(prepare(cfg), cfg)
@@ -110,38 +122,20 @@ class Dataset:
         manifest = read_manifest(cache_dir)
         if manifest.get("format_version") != CACHE_FORMAT_VERSION:
             raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not {CACHE_FORMAT_VERSION}; delete it and prepare again")
-        n = manifest["rows"]
         features = [SparseFeature.from_dict(d) for d in manifest["features"]]
-        columns = [
-            _Column(
-                _memmap(cache_dir / ids_file(f), np.int64, (d["nnz"],)),
-                _memmap(cache_dir / offsets_file(f), np.int64, (n + 1,)) if feat.multi_hot else None,
-            )
-            for f, (feat, d) in enumerate(zip(features, manifest["features"]))
-        ]
-        dense = _memmap(cache_dir / DENSE_FILE, np.float32, (n, len(manifest["dense"])))
-        labels = _memmap(cache_dir / LABELS_FILE, np.float32, (n,))
-        self._setup(dense, labels, columns, features, list(manifest["dense"]), cfg, manifest)
+        files = [_File.load(directory, features) for directory in part_directories(cache_dir)]
+        self._setup(files, features, list(manifest["dense"]), cfg, manifest)
 
-    def _setup(
-        self,
-        dense: np.ndarray,
-        labels: np.ndarray,
-        columns: list[_Column],
-        features: list[SparseFeature],
-        dense_names: list[str],
-        cfg: DataConfig | None,
-        manifest: dict | None,
-    ) -> None:
+    def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
         unknown = sorted(set(self.cfg.table_sizes) - {f.name for f in features})
         if unknown:
             raise DistrecError(
                 f"data.table_sizes names {unknown[0]!r}, which is not a feature of this data set (features: {', '.join(f.name for f in features)})"
             )
-        self._dense = dense
-        self._labels = labels
-        self._columns = columns
+        self._files = files
+        self.file_starts = np.zeros(len(files) + 1, np.int64)
+        np.cumsum([f.labels.shape[0] for f in files], out=self.file_starts[1:])
         self.features = features
         self.dense_names = dense_names
         self.manifest = manifest
@@ -177,16 +171,16 @@ class Dataset:
                 np.cumsum(lengths, out=offsets[1:])
             columns.append(_Column(np.asarray(values, np.int64), offsets))
         dataset = cls.__new__(cls)
-        dataset._setup(chunk.dense, chunk.labels, columns, features, dense_names, cfg, None)
+        dataset._setup([_File(chunk.dense, chunk.labels, columns)], features, dense_names, cfg, None)
         return dataset
 
     @property
     def num_rows(self) -> int:
-        return int(self._labels.shape[0])
+        return int(self.file_starts[-1])
 
     @property
     def num_dense(self) -> int:
-        return int(self._dense.shape[1])
+        return int(self._files[0].dense.shape[1])
 
     @property
     def feature_names(self) -> list[str]:
@@ -197,46 +191,64 @@ class Dataset:
         return [TableConfig(f.name, self.table_rows[f.name], dim, f.multi_hot) for f in self.features]
 
     def split(self, spec: str, seed: int = 0) -> dict[str, np.ndarray]:
-        """Row ids (sorted int64) of "train", "val" and, if the spec has a test part, "test".
-
-        ``random:VAL[:TEST]`` draws the held-out rows by a permutation seeded with ``seed``;
-        ``last:VAL[:TEST]`` holds out the last rows (a time-ordered holdout: train, then
-        val, then test).
-        """
-        kind, val, test = parse_split(spec)
-        n = self.num_rows
-        n_val, n_test = round(val * n), round((test or 0) * n)
-        if n - n_val - n_test < 1:
-            raise DistrecError(f"split {spec!r} leaves no training rows out of {n}; hold out less")
-        order = np.arange(n, dtype=np.int64) if kind == "last" else np.random.default_rng(seed).permutation(n)
-        parts = {
-            "train": order[: n - n_val - n_test],
-            "val": order[n - n_val - n_test : n - n_test],
-        }
-        if test is not None:
-            parts["test"] = order[n - n_test :]
-        return {name: np.sort(rows) for name, rows in parts.items()}
+        """Row ids (sorted int64) of "train", "val" and, if the spec has a test part, "test":
+        ``random:VAL[:TEST]``, ``last:VAL[:TEST]`` or ``files:[VAL:]TEST`` (``distrec.data.split``)."""
+        return split_rows(spec, self.file_starts, seed)
 
     def batch(self, rows: np.ndarray) -> Batch:
         """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch."""
         rows = np.asarray(rows, np.int64)
         b = rows.shape[0]
-        lengths = np.ones((len(self._columns), b), np.int64)
+        dense, labels, raws = self._files[0].gather(rows) if len(self._files) == 1 else self._gather(rows)
+        lengths = np.ones((len(raws), b), np.int64)
         values = []
-        for f, column in enumerate(self._columns):
-            if column.offsets is None:
-                raw = column.values[rows]
-            else:
-                raw, lengths[f] = gather_bags(column.values, column.offsets, rows)
+        for f, (raw, bag_lengths) in enumerate(raws):
+            if bag_lengths is not None:
+                lengths[f] = bag_lengths
             values.append(table_index(raw, self.table_rows[self.features[f].name]) if self._wraps[f] else raw)
-        offsets = np.zeros(len(self._columns) * b + 1, np.int64)
+        offsets = np.zeros(len(raws) * b + 1, np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
         return Batch(
-            dense=torch.from_numpy(self._dense[rows]),
+            dense=torch.from_numpy(dense),
             sparse_values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
             sparse_offsets=torch.from_numpy(offsets),
-            labels=torch.from_numpy(self._labels[rows]),
+            labels=torch.from_numpy(labels),
         )
+
+    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray | None]]]:
+        """:meth:`_File.gather` of ``rows`` spread over several files: each file gathers its rows
+        (grouped by a stable sort of their file, an O(B) radix sort) and they are put back in order."""
+        file_of = np.searchsorted(self.file_starts, rows, side="right") - 1
+        if not file_of.size or (file_of == file_of[0]).all():
+            i = int(file_of[0]) if file_of.size else 0
+            return self._files[i].gather(rows - self.file_starts[i])
+        order = np.argsort(file_of.astype(np.int16 if len(self._files) < 1 << 15 else np.int32), kind="stable")
+        bounds = np.searchsorted(file_of[order], np.arange(len(self._files) + 1))
+        b = rows.shape[0]
+        dense = np.empty((b, self.num_dense), np.float32)
+        labels = np.empty(b, np.float32)
+        singles = {f: np.empty(b, np.int64) for f, c in enumerate(self._files[0].columns) if c.offsets is None}
+        bags: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {f: [] for f, c in enumerate(self._files[0].columns) if c.offsets is not None}
+        for i in np.flatnonzero(np.diff(bounds)):
+            at = order[bounds[i] : bounds[i + 1]]
+            dense[at], labels[at], raws = self._files[i].gather(rows[at] - self.file_starts[i])
+            for f, (values, lengths) in enumerate(raws):
+                if f in singles:
+                    singles[f][at] = values
+                else:
+                    bags[f].append((values, lengths))
+        inverse = np.empty(b, np.int64)
+        inverse[order] = np.arange(b)
+        gathered: list[tuple[np.ndarray, np.ndarray | None]] = []
+        for f in range(len(self.features)):
+            if f in singles:
+                gathered.append((singles[f], None))
+                continue
+            lengths = np.concatenate([g[1] for g in bags[f]])
+            offsets = np.zeros(b + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            gathered.append(gather_bags(np.concatenate([g[0] for g in bags[f]]), offsets, inverse))  # back to the order of rows
+        return dense, labels, gathered
 
     def batches(
         self,

@@ -17,7 +17,9 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
+from distrec.config import DataConfig
 from distrec.data.filesystems import Location, file_info, has_scheme, list_files, locate
+from distrec.data.source import existing_path
 from distrec.errors import DistrecError
 
 # Compressed inputs by extension (the codecs Arrow's compressed streams read).
@@ -59,6 +61,14 @@ def path_list(path: str | list[str] | None) -> list[str]:
     return [path] if isinstance(path, str) else list(path)
 
 
+def absolute_paths(path: str | list[str] | None) -> str | list[str] | None:
+    """``data.path`` in the same shape with each local name made absolute (URLs stay as they are)."""
+    if path is None:
+        return None
+    names = [name if has_scheme(name) else str(Path(name).expanduser().resolve()) for name in path_list(path)]
+    return names[0] if isinstance(path, str) else names
+
+
 def describe_paths(path: str | list[str]) -> str:
     """``data.path`` in a message: the name, or the first and last of several."""
     names = path_list(path)
@@ -89,6 +99,32 @@ def input_file(name: str | Path) -> InputFile:
     if info.type != pafs.FileType.File:
         raise DistrecError(f"data file {str(name)!r} not found; check --data")
     return _input(location.uri, info)
+
+
+def input_files(cfg: DataConfig) -> list[InputFile]:
+    """The files ``cfg`` is parsed from, in reading order (none for synthetic data).
+
+    Raises DistrecError when the input or the schema is missing, or the settings do not
+    name an input.
+    """
+    if cfg.format == "synthetic":
+        if cfg.path is not None:
+            raise DistrecError(
+                "--data-format synthetic generates its data; drop --data, or read a file written by `distrec data synth` with --data-format criteo"
+            )
+        return []
+    if cfg.path is None:
+        raise DistrecError(f"--data-format {cfg.format} needs --data PATH")
+    if cfg.format in ("csv", "parquet"):
+        if cfg.schema is None:
+            raise DistrecError(f"--data-format {cfg.format} needs --schema FILE naming the label, dense and categorical columns")
+        existing_path(cfg.schema, what="schema")
+    if cfg.format == "movielens":
+        if not isinstance(cfg.path, str):
+            raise DistrecError("--data-format movielens reads one ml-100k directory; pass one --data DIR")
+        root = existing_path(cfg.path, kind="directory")
+        return list_inputs([str(root / name) for name in ("u.data", "u.user", "u.item")])
+    return list_inputs(cfg.path)
 
 
 def natural_key(name: str) -> list[int | str]:

@@ -153,7 +153,7 @@ def read_tabular(
         )
         batches = iter(stream)
         list_columns: set[str] = set()
-        num_rows, fraction_read = None, stream.fraction_read
+        num_rows, fraction_read, lines_read = None, stream.fraction_read, lambda: stream.lines
     elif fmt == "parquet":
         malformed = MalformedRows(uri, strict, unit="row")
         try:
@@ -166,7 +166,7 @@ def read_tabular(
         list_columns = {
             c.name for c in schema.categorical if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)
         }
-        num_rows, fraction_read = parquet.metadata.num_rows, None
+        num_rows, fraction_read, lines_read = parquet.metadata.num_rows, None, None
     else:
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
     features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns) for c in schema.categorical]
@@ -179,6 +179,7 @@ def read_tabular(
         malformed=malformed,
         num_rows=num_rows,
         fraction_read=fraction_read,
+        lines_read=lines_read,
     )
 
 

@@ -29,7 +29,7 @@ from distrec.errors import DistrecError
 
 # Bytes of text read at a time for each row wanted in a chunk, within these bounds (whole
 # lines: a longer line makes a longer block).
-_BYTES_PER_ROW = 256
+BYTES_PER_ROW = 256
 _MIN_BLOCK_BYTES = 1 << 20
 _MAX_BLOCK_BYTES = 1 << 24
 # Bytes Arrow parses at a time inside a block: 1 MiB parses twice as fast as 16 MiB (cache
@@ -195,8 +195,9 @@ class CsvStream:
         self._text_types = {name: pa.string() for name in [*text_columns, *typed_columns]}  # the fallback of a block that does not convert
         self._typed = {**self._text_types, **typed_columns}
         self.lines = 0  # physical lines consumed so far
-        self.bytes_read = 0  # bytes of the file consumed so far (compressed bytes of a compressed file)
+        self.bytes_read = 0  # bytes of the file (compressed bytes of a compressed file) behind the rows handed out
         self._size = 0
+        self._block_start = self._block_end = 0  # bytes_read before and after the current block
 
     def __iter__(self) -> Iterator[tuple[pa.RecordBatch, LineNumbers]]:
         """Yield (batch, the line numbers of its rows)."""
@@ -206,7 +207,7 @@ class CsvStream:
     def blocks(self) -> Iterator[pa.Buffer]:
         """The text in blocks of whole lines (the last may lack its newline), without a header
         line; each block must be handed to :meth:`parse` or counted by :meth:`count_lines`."""
-        block_bytes = int(np.clip(self.chunk_rows * _BYTES_PER_ROW, _MIN_BLOCK_BYTES, _MAX_BLOCK_BYTES))
+        block_bytes = int(np.clip(self.chunk_rows * BYTES_PER_ROW, _MIN_BLOCK_BYTES, _MAX_BLOCK_BYTES))
         with open_random_access(self.location) as raw:
             codec = CODECS.get(Path(self.location.path).suffix.lower())
             if codec is None:
@@ -216,9 +217,17 @@ class CsvStream:
             else:
                 raise ValueError(f"{self.location.uri} is compressed: it is read whole, not in byte ranges")
 
-    def count_lines(self, lines: int) -> None:
-        """Count a block the caller parsed itself (``lines`` lines, none skipped)."""
+    def count_lines(self, lines: int, done: int, block_lines: int) -> None:
+        """Count ``lines`` lines of a block the caller parsed itself, ``done`` of its
+        ``block_lines`` lines (none skipped) now handed out."""
         self.lines += lines
+        self._hand_out(done, block_lines)
+
+    def _hand_out(self, done: int, block_lines: int) -> None:
+        """``done`` of the current block's ``block_lines`` lines are handed out: their share of
+        its bytes is consumed."""
+        share = done / block_lines if block_lines else 1.0
+        self.bytes_read = self._block_start + round((self._block_end - self._block_start) * share)
 
     def fraction_read(self) -> float:
         """How much of the file (or range) the batches so far consumed (0 to 1): of its bytes
@@ -246,7 +255,7 @@ class CsvStream:
             if position == 0 and self.header:
                 block = self._skip_header(block)
             position += cut or data.size
-            self.bytes_read = position - start
+            self._block_start, self._block_end = self._block_end, position - start
             yield block
 
     def _stream_blocks(self, raw: pa.NativeFile, codec: str, block_bytes: int) -> Iterator[pa.Buffer]:
@@ -257,7 +266,7 @@ class CsvStream:
         while True:
             with self._errors():
                 data = stream.read(block_bytes)
-            self.bytes_read = raw.tell()
+            self._block_start, self._block_end = self._block_end, raw.tell()
             if first and data:
                 _check_text(self.location.uri, data[:_SNIFF_BYTES])
             if not data:
@@ -304,8 +313,10 @@ class CsvStream:
         skipped = [number for number, _ in invalid]
         kept = 0  # rows of the block before the batch
         for batch in table.to_batches(max_chunksize=self.chunk_rows):
+            self._hand_out(kept + batch.num_rows, table.num_rows)
             yield batch, (lambda rows, kept=kept: first_line + _lines_of_rows(np.asarray(rows, np.int64) + kept, skipped))
             kept += batch.num_rows
+        self._hand_out(1, 1)  # a block of skipped lines only
 
     def _read_block(self, block: pa.Buffer, types: dict[str, pa.DataType]) -> tuple[pa.Table, list[tuple[int, int]]]:
         """Parse one block; its rows with the wrong field count as (line within the block, fields)."""
