@@ -114,6 +114,8 @@ class DataConfig:
     prepare_workers: int | None = None
     """Processes that prepare input files and parts of files at the same time; unset: one per
     CPU core this process may use."""
+    loader_threads: int = 2
+    """Threads that build mini-batches ahead of the training step, each a whole batch at a time."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """The synthetic data set (format synthetic)."""
 
@@ -127,6 +129,7 @@ class DataConfig:
         _check_min("data.chunk_rows", self.chunk_rows, 1)
         if self.prepare_workers is not None:
             _check_min("data.prepare_workers", self.prepare_workers, 1)
+        _check_min("data.loader_threads", self.loader_threads, 1)
         if isinstance(self.path, list) and not self.path:
             raise DistrecError("data.path is an empty list; name at least one input file, or unset it for synthetic data")
         self.synthetic.validate()

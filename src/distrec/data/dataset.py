@@ -20,7 +20,7 @@ from distrec.config import DataConfig
 from distrec.data.batch import Batch
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
 from distrec.data.prefetch import prefetch
-from distrec.data.source import Chunk, Source, SparseFeature, gather_bags
+from distrec.data.source import Chunk, Source, SparseFeature
 from distrec.data.split import split_rows
 from distrec.errors import DistrecError
 from distrec.tables import TableConfig
@@ -35,16 +35,15 @@ def table_rows(feature: SparseFeature, cfg: DataConfig) -> int:
 
 
 def table_index(raw: np.ndarray, num_rows: int) -> np.ndarray:
-    """Table rows of raw ids (int64): 0 stays 0, others wrap into rows 1..num_rows-1."""
-    # 1 + (raw - 1) % (num_rows - 1) is <= raw for raw >= 1 and is num_rows - 1 for raw == 0,
-    # so the minimum with raw gives 0 for missing values without a branch. The remainder is
-    # computed as x - (x // d) * d: NumPy divides by a scalar several times faster than it
-    # takes a remainder (3x on 2048 x 26 ids).
-    d = num_rows - 1
-    index = raw - 1
-    index -= (index // d) * d
-    index += 1
-    return np.minimum(index, raw, out=index)
+    """Table rows of raw ids (int64 >= 0): 0 stays 0, others wrap into rows 1..num_rows-1 as
+    ``1 + (raw - 1) % (num_rows - 1)`` (``distrec.data.batch_kernels.table_row``, which
+    :meth:`Dataset.batch` applies as it gathers)."""
+    from distrec.data.batch_kernels import map_rows  # numba loads on first use
+
+    raw = np.ascontiguousarray(raw, np.int64)
+    out = np.empty_like(raw)
+    map_rows(raw, num_rows - 1, out)
+    return out
 
 
 def num_batches(num_rows: int, batch_size: int, drop_last: bool = False) -> int:
@@ -82,12 +81,6 @@ class _File:
             for f, (feat, d) in enumerate(zip(features, manifest["features"]))
         ]
         return _File(_memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"]))), _memmap(directory / LABELS_FILE, np.float32, (n,)), columns)
-
-    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray | None]]]:
-        """Dense [b, n_dense], labels [b] and per feature (raw ids, bag lengths int64 [b] or None
-        for single-hot) of ``rows`` (int64 [b], rows of this file), in that order."""
-        raws = [(c.values[rows], None) if c.offsets is None else gather_bags(c.values, c.offsets, rows) for c in self.columns]
-        return self.dense[rows], self.labels[rows], raws
 
 
 def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -143,8 +136,8 @@ class Dataset:
 
     def _set_table_rows(self, rows: dict[str, int]) -> None:
         self.table_rows = rows
-        # identity mapping when every raw id already fits the table (small-integer ids)
-        self._wraps = [f.id_bound is None or f.id_bound > rows[f.name] for f in self.features]
+        # per feature, the divisor of the mapping into its table; 0 keeps ids that already fit (small-integer ids)
+        self._rows_minus_one = [rows[f.name] - 1 if f.id_bound is None or f.id_bound > rows[f.name] else 0 for f in self.features]
 
     def override_tables(self, tables: list[TableConfig]) -> None:
         """Map raw ids into these tables (e.g. a trained model's) instead of the config's sizes."""
@@ -196,59 +189,51 @@ class Dataset:
         return split_rows(spec, self.file_starts, seed)
 
     def batch(self, rows: np.ndarray) -> Batch:
-        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch."""
+        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch.
+
+        Each file gathers its rows' dense features, labels and bag lengths, then every bag is
+        copied to its place in the batch with its ids mapped into the feature's table
+        (``distrec.data.batch_kernels``), in one pass over the ids.
+        """
+        from distrec.data.batch_kernels import scatter_bags, scatter_ids  # numba loads on first use
+
         rows = np.asarray(rows, np.int64)
         b = rows.shape[0]
-        dense, labels, raws = self._files[0].gather(rows) if len(self._files) == 1 else self._gather(rows)
-        lengths = np.ones((len(raws), b), np.int64)
-        values = []
-        for f, (raw, bag_lengths) in enumerate(raws):
-            if bag_lengths is not None:
-                lengths[f] = bag_lengths
-            values.append(table_index(raw, self.table_rows[self.features[f].name]) if self._wraps[f] else raw)
-        offsets = np.zeros(len(raws) * b + 1, np.int64)
-        np.cumsum(lengths.reshape(-1), out=offsets[1:])
-        return Batch(
-            dense=torch.from_numpy(dense),
-            sparse_values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
-            sparse_offsets=torch.from_numpy(offsets),
-            labels=torch.from_numpy(labels),
-        )
-
-    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray | None]]]:
-        """:meth:`_File.gather` of ``rows`` spread over several files: each file gathers its rows
-        (grouped by a stable sort of their file, an O(B) radix sort) and they are put back in order."""
-        file_of = np.searchsorted(self.file_starts, rows, side="right") - 1
-        if not file_of.size or (file_of == file_of[0]).all():
-            i = int(file_of[0]) if file_of.size else 0
-            return self._files[i].gather(rows - self.file_starts[i])
-        order = np.argsort(file_of.astype(np.int16 if len(self._files) < 1 << 15 else np.int32), kind="stable")
-        bounds = np.searchsorted(file_of[order], np.arange(len(self._files) + 1))
-        b = rows.shape[0]
+        parts = self._by_file(rows)
         dense = np.empty((b, self.num_dense), np.float32)
         labels = np.empty(b, np.float32)
-        singles = {f: np.empty(b, np.int64) for f, c in enumerate(self._files[0].columns) if c.offsets is None}
-        bags: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {f: [] for f, c in enumerate(self._files[0].columns) if c.offsets is not None}
-        for i in np.flatnonzero(np.diff(bounds)):
-            at = order[bounds[i] : bounds[i + 1]]
-            dense[at], labels[at], raws = self._files[i].gather(rows[at] - self.file_starts[i])
-            for f, (values, lengths) in enumerate(raws):
-                if f in singles:
-                    singles[f][at] = values
+        lengths = np.ones((len(self.features), b), np.int64)
+        for file, at, local in parts:
+            dense[at] = file.dense[local]
+            labels[at] = file.labels[local]
+            for f, column in enumerate(file.columns):
+                if column.offsets is not None:
+                    lengths[f, at] = column.offsets[local + 1] - column.offsets[local]
+        offsets = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths.reshape(-1), out=offsets[1:])
+        values = np.empty(int(offsets[-1]), np.int64)
+        starts = offsets[:-1].reshape(lengths.shape)
+        for file, at, local in parts:
+            for f, column in enumerate(file.columns):
+                dest = np.ascontiguousarray(starts[f, at])
+                if column.offsets is None:
+                    scatter_ids(column.values, local, dest, values, self._rows_minus_one[f])
                 else:
-                    bags[f].append((values, lengths))
-        inverse = np.empty(b, np.int64)
-        inverse[order] = np.arange(b)
-        gathered: list[tuple[np.ndarray, np.ndarray | None]] = []
-        for f in range(len(self.features)):
-            if f in singles:
-                gathered.append((singles[f], None))
-                continue
-            lengths = np.concatenate([g[1] for g in bags[f]])
-            offsets = np.zeros(b + 1, np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            gathered.append(gather_bags(np.concatenate([g[0] for g in bags[f]]), offsets, inverse))  # back to the order of rows
-        return dense, labels, gathered
+                    scatter_bags(column.values, column.offsets, local, dest, values, self._rows_minus_one[f])
+        return Batch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(offsets), torch.from_numpy(labels))
+
+    def _by_file(self, rows: np.ndarray) -> list[tuple[_File, slice | np.ndarray, np.ndarray]]:
+        """``rows`` grouped by file: (file, the positions in ``rows`` of its rows, those rows
+        numbered within the file), by a stable O(B) radix sort of each row's file."""
+        if len(self._files) == 1:
+            return [(self._files[0], slice(None), rows)]
+        file_of = np.searchsorted(self.file_starts, rows, side="right") - 1
+        order = np.argsort(file_of.astype(np.int16 if len(self._files) < 1 << 15 else np.int32), kind="stable")
+        bounds = np.searchsorted(file_of[order], np.arange(len(self._files) + 1))
+        return [
+            (self._files[i], order[bounds[i] : bounds[i + 1]], rows[order[bounds[i] : bounds[i + 1]]] - self.file_starts[i])
+            for i in np.flatnonzero(np.diff(bounds))
+        ]
 
     def batches(
         self,
@@ -262,8 +247,10 @@ class Dataset:
         drop_last: bool = False,
         prefetch_depth: int = 4,
         shard: tuple[int, int] = (0, 1),
+        threads: int | None = None,
     ) -> Iterator[Batch]:
-        """Mini-batches over ``rows`` (all rows if None), built ahead on a background thread.
+        """Mini-batches over ``rows`` (all rows if None), built up to ``prefetch_depth`` ahead
+        by ``threads`` background threads (default ``data.loader_threads``).
 
         The order depends only on (``seed``, ``epoch``) when shuffling, so batch k of an
         epoch is the same in every run; ``start_step`` starts at batch k without reading
@@ -279,4 +266,4 @@ class Dataset:
         steps = num_batches(rows.shape[0], batch_size, drop_last)
         rank, world_size = shard
         batch_rows = (np.array_split(rows[k * batch_size : (k + 1) * batch_size], world_size)[rank] for k in range(start_step, steps))
-        return prefetch((self.batch(r) for r in batch_rows), prefetch_depth)
+        return prefetch(self.batch, batch_rows, prefetch_depth, self.cfg.loader_threads if threads is None else threads)
