@@ -185,18 +185,36 @@ class Ledger:
         if k >= self._stop.value:
             raise _Cancelled
 
-    def before(self, part: Part, k: int) -> Counts | None:
-        """What the parts of ``part``'s input before it hold, or None while one is not parsed."""
-        total = Counts.zero(self.width - 2)
+    def counts(self, j: int) -> Counts | None:
+        """What part ``j`` holds, or None while it is not parsed; _Cancelled when it failed."""
         with self._state.get_lock():
-            for j in range(part.first, k):
-                if self._state[j] == self.FAILED:
-                    raise _Cancelled
-                if self._state[j] != self.PARSED:
-                    return None
-                rows, lines, *values = self._counts[j * self.width : (j + 1) * self.width]
-                total.add(Counts(rows, lines, values))
-        return total
+            state = self._state[j]
+            if state == self.FAILED:
+                raise _Cancelled
+            if state != self.PARSED:
+                return None
+            rows, lines, *values = self._counts[j * self.width : (j + 1) * self.width]
+        return Counts(rows, lines, values)
+
+
+class _Before:
+    """What the parts of an input before part ``k`` hold, summed as they are parsed (each
+    looked up once, so a part late in a file of hundreds of parts waits in constant time)."""
+
+    def __init__(self, ledger: Ledger, part: Part, k: int) -> None:
+        self.ledger, self.k = ledger, k
+        self.next = part.first
+        self.total = Counts.zero(ledger.width - 2)
+
+    def known(self) -> Counts | None:
+        """The sum once every part before is parsed, else None."""
+        while self.next < self.k:
+            counts = self.ledger.counts(self.next)
+            if counts is None:
+                return None
+            self.total.add(counts)
+            self.next += 1
+        return self.total
 
 
 @dataclass
@@ -235,7 +253,8 @@ def prepare_part(job: Job, k: int, ledger: Ledger, progress: Progress) -> PartRe
             f"{source.description.get('path')} has {len(source.features)} categorical features, not {job.num_features}; use one schema for all files"
         )
     own = Counts.zero(job.num_features)
-    before = Counts.zero(job.num_features) if first else None
+    parts_before = _Before(ledger, part, k)
+    before = parts_before.known()
     written = Counts.zero(job.num_features)  # what this part has written so far
     held: list[Chunk] = []
     chunks, consumed = 0, 0
@@ -256,7 +275,7 @@ def prepare_part(job: Job, k: int, ledger: Ledger, progress: Progress) -> PartRe
             consumed = now
             held.append(chunk)
             if before is None:
-                before = ledger.before(part, k)
+                before = parts_before.known()
             if before is not None:
                 for c in held:
                     write(c)
@@ -266,7 +285,7 @@ def prepare_part(job: Job, k: int, ledger: Ledger, progress: Progress) -> PartRe
         while before is None:
             ledger.check(k)
             time.sleep(_POLL_S)
-            before = ledger.before(part, k)
+            before = parts_before.known()
         for c in held:
             write(c)
     malformed = MalformedRows(source.malformed.path, job.cfg.strict, source.malformed.unit)
@@ -302,6 +321,7 @@ class _Build:
         self.inputs = inputs
         self.targets = targets
         self.parts = plan_parts(cfg, inputs)
+        self.parts_of = [[j for j, p in enumerate(self.parts) if p.input == i] for i in range(len(inputs))]
         self.results: dict[int, PartResult] = {}
         self.errors: dict[int, BaseException] = {}
         self.published: set[int] = set()
@@ -406,7 +426,7 @@ class _Build:
         """Record part ``k``; publish its input's cache when it was the last part."""
         self.results[k] = result
         i = self.parts[k].input
-        parts = [j for j, p in enumerate(self.parts) if p.input == i]
+        parts = self.parts_of[i]
         if any(j not in self.results for j in parts):
             return
         try:
