@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from distrec.config import DataConfig
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, PARTS, read_manifest
-from distrec.data.inputs import InputFile, describe_paths, input_files
+from distrec.data.inputs import InputFile, describe_paths, input_files, movielens_directory
 from distrec.data.preparation import build
 from distrec.data.source import MalformedRows, existing_path
 from distrec.errors import DistrecError
@@ -53,7 +53,7 @@ def cache_names(cfg: DataConfig) -> tuple[list[InputFile | None], list[str]]:
     if cfg.format == "synthetic":
         return [None], [_name(cfg, f"{cfg.synthetic.rows}rows", base | {"synthetic": dataclasses.asdict(cfg.synthetic)})]
     if cfg.format == "movielens":
-        return [None], [_name(cfg, Path(cfg.path).name, base | {"files": [_identity(f) for f in files]})]
+        return [None], [_name(cfg, Path(movielens_directory(cfg)).name, base | {"files": [_identity(f) for f in files]})]
     if cfg.format in ("csv", "parquet"):
         base["schema"] = existing_path(cfg.schema, what="schema").read_text(errors="replace")
     return list(files), [_name(cfg, f.name, base | {"files": [_identity(f)]}) for f in files]

@@ -120,11 +120,17 @@ def input_files(cfg: DataConfig) -> list[InputFile]:
             raise DistrecError(f"--data-format {cfg.format} needs --schema FILE naming the label, dense and categorical columns")
         existing_path(cfg.schema, what="schema")
     if cfg.format == "movielens":
-        if not isinstance(cfg.path, str):
-            raise DistrecError("--data-format movielens reads one ml-100k directory; pass one --data DIR")
-        root = existing_path(cfg.path, kind="directory")
+        root = existing_path(movielens_directory(cfg), kind="directory")
         return list_inputs([str(root / name) for name in ("u.data", "u.user", "u.item")])
     return list_inputs(cfg.path)
+
+
+def movielens_directory(cfg: DataConfig) -> str:
+    """The one ml-100k directory a MovieLens data set is read from; DistrecError for several."""
+    names = path_list(cfg.path)
+    if len(names) != 1:
+        raise DistrecError("--data-format movielens reads one ml-100k directory; pass one --data DIR")
+    return names[0]
 
 
 def natural_key(name: str) -> list[int | str]:

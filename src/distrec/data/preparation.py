@@ -39,7 +39,7 @@ from tqdm import tqdm
 from distrec.config import DataConfig
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, CacheWriter, chunk_bytes
 from distrec.data.criteo import read_criteo
-from distrec.data.inputs import InputFile
+from distrec.data.inputs import InputFile, movielens_directory
 from distrec.data.movielens import read_movielens
 from distrec.data.source import Chunk, MalformedRows, Source
 from distrec.data.synthetic import read_synthetic
@@ -63,7 +63,7 @@ def open_source(cfg: DataConfig, file: InputFile | None = None, byte_range: Byte
     if cfg.format == "synthetic":
         return read_synthetic(cfg.synthetic, cfg.chunk_rows)
     if cfg.format == "movielens":
-        return read_movielens(cfg.path, cfg.chunk_rows, strict)
+        return read_movielens(movielens_directory(cfg), cfg.chunk_rows, strict)
     if file is None:
         raise ValueError(f"format {cfg.format} reads one file at a time")
     if cfg.format == "criteo":

@@ -116,7 +116,7 @@ def evaluate_checkpoint(
     device = default_device()
     model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
     if data_path is not None:
-        cfg.data.path = data_path
+        cfg.data.path = data_path[0] if isinstance(data_path, list) and len(data_path) == 1 else data_path
         cfg.data.format = data_format or cfg.data.format
     if schema is not None:
         cfg.data.schema = schema
