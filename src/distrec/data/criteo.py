@@ -74,6 +74,14 @@ def _chunks(stream: CsvStream) -> Iterator[Chunk]:
             yield Chunk(dense[start:end], labels[start:end], [(values[start:end], ones) for values in raw])
 
 
+def load_parsers() -> None:
+    """Load the compiled parsers now (numba compiles them, or loads them from its cache: half a
+    second), e.g. before forking workers that would each load them again."""
+    _parse_clean(pa.py_buffer(b"1" + b"\t" * 39 + b"\n"))
+    for column in (pa.array(["0"]), pa.array(["0", None])):
+        parse_hex(column)
+
+
 def _parse_clean(block: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Labels float32 [n], dense float32 [n, 13] and raw ids int64 [26, n] of a block whose
     every line is clean (``text_kernels.parse_clean_criteo``), else None; the same values as

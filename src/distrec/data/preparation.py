@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from distrec.config import DataConfig
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, CacheWriter, chunk_bytes
-from distrec.data.criteo import read_criteo
+from distrec.data.criteo import load_parsers, read_criteo
 from distrec.data.inputs import InputFile, movielens_directory
 from distrec.data.movielens import read_movielens
 from distrec.data.source import Chunk, MalformedRows, Source
@@ -347,6 +347,8 @@ class _Build:
                 if workers <= 1:
                     self._run_here(job, ledger)
                 else:
+                    if self.cfg.format == "criteo":
+                        load_parsers()  # once, before the workers fork, rather than in each
                     self._run_workers(job, ledger, context, workers)
         finally:
             for i, path in enumerate(staging):
