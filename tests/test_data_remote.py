@@ -94,3 +94,24 @@ def test_a_remote_files_fingerprint_follows_its_content(memory_days):
     fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/day_1.tsv", bytes(changed))
     after = fingerprint(cfg)
     assert before["files"][0] == after["files"][0] and before["files"][1]["sampled_sha256"] != after["files"][1]["sampled_sha256"]
+
+
+@pytest.mark.parametrize(
+    "url, root, inner",
+    [
+        ("s3://bucket/criteo/day_0.gz", "bucket", "bucket/criteo/day_0.gz"),
+        ("gs://bucket/criteo/", "bucket", "bucket/criteo"),
+        ("hdfs://namenode:8020/data/day_0", "/", "/data/day_0"),
+    ],
+)
+def test_a_native_store_url_is_read_by_pyarrows_filesystem_at_its_inner_path(monkeypatch, url, root, inner):
+    from pyarrow import fs
+
+    from distrec.data import filesystems
+
+    store = fs._MockFileSystem()
+    asked = []
+    monkeypatch.setattr(filesystems, "_native", lambda base: asked.append(base) or (store, root))  # what from_uri gives the store's root
+    location = filesystems.locate(url)
+    assert location.filesystem is store and location.path == inner and location.uri == url
+    assert asked == [url[: url.index("/", url.index("//") + 2)]]
