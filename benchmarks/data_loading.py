@@ -56,13 +56,13 @@ from distrec.data import Dataset, prepare, synthesize
 from distrec.models.build import build_model
 
 SETUP = {
-    "rows": 1_000_000,
+    "rows": 600_000,
     "files": 4,
-    "rows_pooled": 150_000,
+    "rows_pooled": 100_000,
     "batch_sizes": [2048, 65536],
     "rounds": 3,
-    "loader_batches": 12,
-    "train_steps": 3,
+    "loader_batches": 8,
+    "train_steps": 2,
     "warmup_steps": 1,
     "seed": 0,
 }

@@ -13,6 +13,7 @@ import distrec.data.preparation as preparation
 from distrec.cli import main
 from distrec.config import DataConfig
 from distrec.data import prepare, read_manifest
+from distrec.errors import DistrecError
 
 
 def criteo_file(path, rows, seed, compress=False):
@@ -92,3 +93,23 @@ def test_a_malformed_row_in_strict_mode_names_the_file_and_line(capsys, tmp_path
     line = one_line_error(capsys, *prepare_args(tmp_path / "cache", day_0, day_1), "--strict")
     assert "day_1: line 42: 2 columns instead of 40" in line
     assert cached_files(tmp_path / "cache") == ["day_0"]
+
+
+def test_a_killed_worker_is_one_error_not_a_hang(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    folder = tmp_path / "criteo"
+    folder.mkdir()
+    for day in range(3):
+        criteo_file(folder / f"day_{day}", 100, day)
+    prepare_part = preparation.prepare_part
+
+    def killed_on_day_1(job, k, ledger, progress):
+        if job.inputs[job.parts[k].input].name == "day_1":
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+        return prepare_part(job, k, ledger, progress)
+
+    monkeypatch.setattr(preparation, "prepare_part", killed_on_day_1)
+    with pytest.raises(DistrecError, match=r"the process preparing .*day_1 died \(exit status -9\)"):
+        prepare(DataConfig(path=str(folder), format="criteo", prepare_workers=2), tmp_path / "cache", progress=False)

@@ -380,9 +380,8 @@ class _Build:
                 try:
                     event = events.get(timeout=_POLL_S * 25)
                 except queue.Empty:
-                    if all(p.exitcode is not None for p in processes):
-                        return
-                    self._check_alive(processes, holding, ledger)
+                    if self._died(processes, holding) or all(p.exitcode is not None for p in processes):
+                        return  # after a death the others stop: a killed worker may have left the queue locked
                     continue
                 kind, k, pid, *payload = event
                 if kind == "started":
@@ -398,22 +397,22 @@ class _Build:
                     self.errors[k] = payload[0]
                 else:  # cancelled: a part before it failed
                     holding.pop(pid, None)
-        except BaseException:
-            ledger.stop_all()
-            raise
         finally:
+            ledger.stop_all()  # a no-op when every part is done
             _stop(processes, events)
 
-    def _check_alive(self, processes: list, holding: dict[int, int], ledger: Ledger) -> None:
-        """A worker that died (killed, out of memory) fails the part it held."""
-        for p in processes:
-            if p.exitcode not in (None, 0) and p.pid in holding:
-                k = holding.pop(p.pid)
-                ledger.fail(k)
-                name = self._name(self.parts[k].input)
-                self.errors[k] = DistrecError(
-                    f"the process preparing {name} died (exit status {p.exitcode}); if it ran out of memory, lower data.chunk_rows or data.prepare_workers"
-                )
+    def _died(self, processes: list, holding: dict[int, int]) -> bool:
+        """Whether a worker died (killed, out of memory): its part fails, or, when it died
+        before telling which it held, the first part not prepared yet."""
+        dead = next((p for p in processes if p.exitcode not in (None, 0)), None)
+        if dead is None:
+            return False
+        k = holding.get(dead.pid, min(set(range(len(self.parts))) - set(self.results)))
+        self.errors[k] = DistrecError(
+            f"the process preparing {self._name(self.parts[k].input)} died (exit status {dead.exitcode}); "
+            "if it ran out of memory, lower data.chunk_rows or data.prepare_workers"
+        )
+        return True
 
     def _advance(self, rows: int, input_bytes: int, cache_bytes: int) -> None:
         self.rows += rows
@@ -448,9 +447,10 @@ class _Build:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             done = self.consumed / self.total_bytes if self.total_bytes else self.rows / self.total_rows if self.total_rows else 0.0
             needed = f"about {self.cache_bytes / min(done, 1.0) / 1e6:,.1f} MB" if done > 0 else f"more than {self.cache_bytes / 1e6:,.1f} MB"
+            what = self._name(0) if len(self.inputs) == 1 else f"{len(self.inputs)} files"
             return DistrecError(
-                f"no space left on the disk of {self.targets[0].parent} for the cache of {self._name(self.parts[k].input)}: it needs "
-                f"{needed} (the partial cache is removed); free space or pass --cache-dir on a larger disk"
+                f"no space left on the disk of {self.targets[0].parent} for the cache of {what}: it needs "
+                f"{needed} (the partial caches are removed); free space or pass --cache-dir on a larger disk"
             )
         return error
 
