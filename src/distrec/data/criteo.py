@@ -94,7 +94,7 @@ def _parse_clean(block: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
     rows = parse_clean_criteo(data, MAX_HEX_DIGITS, labels, counts, raw)
     if rows < 0:
         return None
-    dense = np.log1p(counts[:rows]).astype(np.float32)  # as _convert: log(1 + max(count, 0)) in float64
+    dense = np.log1p(counts[:rows], out=counts[:rows]).astype(np.float32)  # as _convert: log(1 + max(count, 0)) in float64
     return labels[:rows], dense, raw[:, :rows]
 
 
