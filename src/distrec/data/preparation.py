@@ -151,17 +151,26 @@ class Ledger:
         self.width = 2 + num_features
         self._state = context.Array("b", num_parts)
         self._counts = context.Array("q", num_parts * self.width, lock=False)
+        self._holders = context.Array("q", num_parts, lock=False)  # the process that took each part
         self._next = context.Value("q", 0)
         self._stop = context.Value("q", num_parts)
 
     def take(self) -> int | None:
-        """The next part to prepare, or None when none is left (or they are stopped)."""
+        """The next part to prepare (recorded as this process's), or None when none is left
+        (or they are stopped)."""
         with self._next.get_lock():
             k = self._next.value
             if k >= min(self._stop.value, len(self._state)):
                 return None
+            self._holders[k] = os.getpid()
             self._next.value = k + 1
             return k
+
+    def last_taken_by(self, pid: int) -> int | None:
+        """The last part process ``pid`` took (the one it prepares, if it is busy)."""
+        with self._next.get_lock():
+            taken = [k for k in range(self._next.value) if self._holders[k] == pid]
+        return taken[-1] if taken else None
 
     def publish(self, k: int, counts: Counts) -> None:
         """Part ``k`` is parsed and holds ``counts``."""
@@ -372,7 +381,6 @@ class _Build:
     def _run_workers(self, job: Job, ledger: Ledger, context, workers: int) -> None:
         events = context.Queue()
         processes = [context.Process(target=_work, args=(job, ledger, events), name=f"distrec-prepare-{w}", daemon=True) for w in range(workers)]
-        holding: dict[int, int] = {}  # worker pid -> part it prepares
         try:
             for p in processes:
                 p.start()
@@ -380,36 +388,31 @@ class _Build:
                 try:
                     event = events.get(timeout=_POLL_S * 25)
                 except queue.Empty:
-                    if self._died(processes, holding) or all(p.exitcode is not None for p in processes):
+                    if self._died(processes, ledger) or all(p.exitcode is not None for p in processes):
                         return  # after a death the others stop: a killed worker may have left the queue locked
                     continue
-                kind, k, pid, *payload = event
-                if kind == "started":
-                    holding[pid] = k
-                elif kind == "progress":
+                kind, k, *payload = event
+                if kind == "progress":
                     self._advance(*payload)
                 elif kind == "done":
-                    holding.pop(pid, None)
                     self._done(job, k, payload[0])
                 elif kind == "failed":
-                    holding.pop(pid, None)
                     ledger.fail(k)
                     self.errors[k] = payload[0]
-                else:  # cancelled: a part before it failed
-                    holding.pop(pid, None)
+                # else cancelled: a part before it failed
         finally:
             ledger.stop_all()  # a no-op when every part is done
             _stop(processes, events)
 
-    def _died(self, processes: list, holding: dict[int, int]) -> bool:
-        """Whether a worker died (killed, out of memory): its part fails, or, when it died
-        before telling which it held, the first part not prepared yet."""
-        dead = next((p for p in processes if p.exitcode not in (None, 0)), None)
-        if dead is None:
+    def _died(self, processes: list, ledger: Ledger) -> bool:
+        """Whether a worker died (killed, out of memory) holding a part, which then fails."""
+        held = [(p, ledger.last_taken_by(p.pid)) for p in processes if p.exitcode not in (None, 0)]
+        lost = [(p, k) for p, k in held if k is not None and k not in self.results and k not in self.errors]
+        if not lost:
             return False
-        k = holding.get(dead.pid, min(set(range(len(self.parts))) - set(self.results)))
+        process, k = lost[0]
         self.errors[k] = DistrecError(
-            f"the process preparing {self._name(self.parts[k].input)} died (exit status {dead.exitcode}); "
+            f"the process preparing {self._name(self.parts[k].input)} died (exit status {process.exitcode}); "
             "if it ran out of memory, lower data.chunk_rows or data.prepare_workers"
         )
         return True
@@ -492,19 +495,17 @@ def _work(job: Job, ledger: Ledger, events) -> None:
     """A worker process: prepare parts until none is left, reporting to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    pid = os.getpid()
     while (k := ledger.take()) is not None:
-        events.put(("started", k, pid))
         try:
-            result = prepare_part(job, k, ledger, lambda *counts, k=k: events.put(("progress", k, pid, *counts)))
+            result = prepare_part(job, k, ledger, lambda *counts, k=k: events.put(("progress", k, *counts)))
         except _Cancelled:
-            events.put(("cancelled", k, pid))
+            events.put(("cancelled", k))
             continue
         except Exception as e:
             ledger.fail(k)
-            events.put(("failed", k, pid, _transportable(e)))
+            events.put(("failed", k, _transportable(e)))
             continue
-        events.put(("done", k, pid, result))
+        events.put(("done", k, result))
 
 
 def _transportable(e: Exception) -> Exception:
