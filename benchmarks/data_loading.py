@@ -60,7 +60,7 @@ SETUP = {
     "files": 4,
     "rows_pooled": 100_000,
     "batch_sizes": [2048, 65536],
-    "rounds": 3,
+    "rounds": 5,
     "loader_batches": 8,
     "train_steps": 2,
     "warmup_steps": 1,
