@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import distrec.data.cache as cache
+import distrec.data.cache_files as cache_files
+import distrec.data.preparation as preparation
 from distrec.config import DataConfig, SyntheticConfig
 from distrec.data import Dataset, prepare, read_manifest, read_synthetic
 from distrec.data.source import Chunk, MalformedRows, Source, SparseFeature
@@ -38,10 +40,10 @@ def test_criteo_sample_cache_layout_and_reuse(shared_data, tmp_path, monkeypatch
     assert (path / "sparse_0.ids.i64").stat().st_size == 4380 * 8
     assert not (path / "sparse_0.offsets.i64").exists()
 
-    def no_parsing(cfg):
+    def no_parsing(cfg, *args, **kwargs):
         raise AssertionError("the complete cache should have been reused")
 
-    monkeypatch.setattr(cache, "open_source", no_parsing)
+    monkeypatch.setattr(preparation, "open_source", no_parsing)
     assert prepare(cfg, tmp_path, progress=False) == path
     assert entries(tmp_path) == [path.name]
 
@@ -58,14 +60,14 @@ def test_changed_input_gets_a_new_cache(tmp_path):
 
 
 def test_failure_mid_prepare_leaves_no_cache(tmp_path, monkeypatch):
-    def failing_source(cfg):
+    def failing_source(cfg, *args, **kwargs):
         def chunks():
             yield Chunk(np.zeros((2, 1), np.float32), np.zeros(2, np.float32), [(np.ones(2, np.int64), np.ones(2, np.int32))])
             raise RuntimeError("disk on fire")
 
         return Source({"format": "criteo"}, "label", ["x"], [SparseFeature("c")], chunks(), MalformedRows("x"))
 
-    monkeypatch.setattr(cache, "open_source", failing_source)
+    monkeypatch.setattr(preparation, "open_source", failing_source)
     data = write_criteo(tmp_path / "d.tsv", [criteo_line()])
     root = tmp_path / "cache"
     with pytest.raises(RuntimeError, match="disk on fire"):
@@ -188,6 +190,22 @@ def _refusing_writes(err: int, after_bytes: int = 0):
     return fake_open
 
 
+def _disk_full_after(limit: int):
+    """A ``cache_files.write_at`` that fails with ENOSPC once ``limit`` bytes are written in all."""
+    import errno
+
+    written = [0]
+    write_at = cache_files.write_at
+
+    def full(fd, array, offset):
+        written[0] += array.nbytes
+        if written[0] > limit:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_at(fd, array, offset)
+
+    return full
+
+
 def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, monkeypatch, caplog):
     # regression: a read-only --cache-dir failed on the lock file (Errno 30) although the cache was complete
     import errno
@@ -215,13 +233,12 @@ def test_read_only_cache_dir_holding_the_cache_is_read_without_a_lock(tmp_path, 
 @pytest.mark.parametrize("chunk_rows", [500, 100_000])
 def test_full_disk_names_the_cache_dir_and_the_space_needed(shared_data, tmp_path, monkeypatch, chunk_rows):
     # regression: a full cache disk gave an OSError traceback
-    import errno
     import re
 
     cfg = DataConfig(path=str(shared_data / "criteo" / "criteo_kaggle_sample.tsv"), format="criteo", chunk_rows=chunk_rows)
     full_size = sum(f.stat().st_size for f in prepare(cfg, tmp_path / "roomy", progress=False).iterdir())
     root = tmp_path / "cache"
-    monkeypatch.setattr(cache, "open", _refusing_writes(errno.ENOSPC, after_bytes=300_000), raising=False)
+    monkeypatch.setattr(cache_files, "write_at", _disk_full_after(300_000))
     with pytest.raises(
         DistrecError,
         match=r"no space left on the disk of .*cache for the cache of .*criteo_kaggle_sample"
@@ -238,7 +255,7 @@ def test_temporaries_of_a_killed_prepare_are_removed_by_the_next(tmp_path):
     data = write_criteo(tmp_path / "d.tsv", [criteo_line()] * 3)
     cfg = DataConfig(path=str(data), format="criteo")
     root = tmp_path / "cache"
-    name = cache.cache_name(cfg)
+    name = cache.cache_names(cfg)[1][0]
     killed = root / f".{name}.k1ll3d.tmp"
     killed.mkdir(parents=True)
     (killed / "dense.f32").write_bytes(b"\0" * 100)

@@ -3,6 +3,7 @@ import gzip
 import numpy as np
 import pytest
 
+from distrec.data import criteo
 from distrec.data.criteo import CriteoWriter, read_criteo
 from distrec.data.source import Chunk
 from distrec.errors import DistrecError
@@ -135,3 +136,62 @@ def test_non_utf8_bytes_in_a_count_make_a_malformed_row(tmp_path):
     source, chunk = read_all(path)
     assert chunk.num_rows == 2 and source.malformed.first == [(2, "I1 is not an integer")]
     np.testing.assert_allclose(chunk.dense[1, :2], np.log1p([7.0, 8.0]), rtol=1e-6)
+
+
+def _read_with_arrow_only(path, monkeypatch, **kwargs):
+    monkeypatch.setattr(criteo, "_parse_clean", lambda block: None)
+    try:
+        return read_all(path, **kwargs)
+    finally:
+        monkeypatch.undo()
+
+
+def assert_same_chunks(a, b):
+    np.testing.assert_array_equal(a.dense, b.dense)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    for (va, la), (vb, lb) in zip(a.sparse, b.sparse):
+        np.testing.assert_array_equal(va, vb)
+        np.testing.assert_array_equal(la, lb)
+
+
+def random_lines(rng, n, dirty):
+    """Criteo lines with empty, negative and long counts, upper- and lower-case hashes of 1 to
+    16 digits; with ``dirty``, also lines only Arrow reads (CR, plus signs, spaces, 19 digits)
+    and malformed ones."""
+    lines = []
+    for _ in range(n):
+        ints = [rng.choice(["", "0", "-0", "-7", "12", "007", "999999999999999999", str(rng.integers(0, 1 << 62))]) for _ in range(13)]
+        cats = [rng.choice(["", "68fd1e64", "0000000A", "fFfFfFfF", "1", "123456789abcdef"]) for _ in range(26)]
+        line = "\t".join([str(rng.integers(0, 2)), *ints, *cats])
+        if dirty and rng.random() < 0.05:
+            line = rng.choice(
+                [
+                    line + "\r",
+                    line.replace("\t12\t", "\t+12\t"),
+                    line.replace("\t7\t", "\t 7\t"),
+                    "\t".join(["1", "9" * 19, *ints[1:], *cats]),
+                    "",
+                    "2" + line[1:],
+                    line + "\tx",
+                    "\t".join(["0", *ints, "123456789abcdef0", *cats[1:]]),
+                ]
+            )
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("dirty", [False, True])
+def test_the_compiled_parser_gives_arrows_rows(tmp_path, monkeypatch, dirty):
+    path = write(tmp_path / "mixed.tsv", random_lines(np.random.default_rng(7 + dirty), 3000, dirty))
+    source, fast = read_all(path, chunk_rows=500)
+    arrow_source, arrow = _read_with_arrow_only(path, monkeypatch, chunk_rows=500)
+    assert_same_chunks(fast, arrow)
+    assert source.malformed.count == arrow_source.malformed.count and source.malformed.first == arrow_source.malformed.first
+    assert (source.malformed.count > 0) == dirty
+
+
+def test_the_compiled_parser_reads_the_kaggle_sample_as_arrow_does(shared_data, monkeypatch):
+    path = shared_data / "criteo" / "criteo_kaggle_sample.tsv"
+    _, fast = read_all(path)
+    _, arrow = _read_with_arrow_only(path, monkeypatch)
+    assert_same_chunks(fast, arrow)

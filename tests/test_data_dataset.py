@@ -6,7 +6,7 @@ import torch
 
 from distrec.config import DataConfig
 from distrec.data import Dataset, num_batches, table_index, table_rows
-from distrec.data.prefetch import prefetch
+from distrec.data.prefetch import THREAD_NAME, prefetch
 from distrec.data.source import Chunk, SparseFeature
 from distrec.errors import DistrecError
 from distrec.tables import TableConfig
@@ -116,7 +116,7 @@ def test_resume_does_not_build_skipped_batches(monkeypatch):
 
 
 def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name == "distrec-prefetch"]
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
 
 
 def test_early_stop_and_errors_leave_no_thread():
@@ -126,11 +126,26 @@ def test_early_stop_and_errors_leave_no_thread():
             break
     assert prefetch_threads() == []
 
-    def failing():
-        yield 1
-        raise ValueError("bad batch")
+    def make(k):
+        if k == 5:
+            raise ValueError("bad batch")
+        return k
 
     with pytest.raises(ValueError, match="bad batch"):
-        list(prefetch(failing()))
+        list(prefetch(make, range(10), threads=3))
     assert prefetch_threads() == []
-    assert list(prefetch(iter(range(100)), depth=3)) == list(range(100))
+    assert list(prefetch(lambda k: k * k, range(100), depth=3, threads=2)) == [k * k for k in range(100)]
+
+
+def test_table_rows_of_extreme_ids_match_the_remainder():
+    raw = np.array([0, 1, 2, 3, 1 << 32, (1 << 32) + 1, (1 << 53) - 1, 1 << 53, (1 << 53) + 1, (1 << 62) + 12345, (1 << 63) - 1], np.int64)
+    raw = np.concatenate([raw, np.random.default_rng(0).integers(0, 1 << 62, 10_000)])
+    for rows in (2, 3, 7, 100_000, (1 << 31) - 1, 1 << 40):
+        expected = [0 if x == 0 else 1 + (x - 1) % (rows - 1) for x in raw.tolist()]
+        assert table_index(raw, rows).tolist() == expected, rows
+
+
+def test_batches_from_several_threads_are_the_batches_of_one():
+    dataset = toy(1000)
+    one = rows_of(dataset.batches(None, 37, shuffle=True, seed=1, threads=1))
+    assert rows_of(dataset.batches(None, 37, shuffle=True, seed=1, threads=3, prefetch_depth=6)) == one

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from distrec.data import textfile
 from distrec.data.source import MalformedRows
 from distrec.data.textfile import CsvStream, read_header
 from distrec.errors import DistrecError
@@ -22,8 +23,8 @@ def test_line_numbers_of_kept_rows_skip_bad_lines(tmp_path, header):
     malformed = MalformedRows(path)
     stream = CsvStream(path, ",", False, malformed, chunk_rows=7, column_names=None if header else ["a", "b", "c"], text_columns=["a"])
     seen = []
-    for batch, first in stream:
-        lines = stream.line_numbers(first + np.arange(batch.num_rows))
+    for batch, line_numbers in stream:
+        lines = line_numbers(np.arange(batch.num_rows))
         assert batch.num_rows <= 7
         assert lines.tolist() == [int(v) for v in batch.column("a").to_pylist()]
         seen += lines.tolist()
@@ -59,15 +60,18 @@ def test_binary_input_is_one_line_naming_the_file(tmp_path, name):
         read_header(path, ",")
 
 
-def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path):
+def test_fraction_read_follows_the_rows_of_a_plain_file(tmp_path, monkeypatch):
     path = tmp_path / "f.csv"
     path.write_text("".join(f"{i},{'x' * (i % 7)}\n" for i in range(1000)))
     stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=100, column_names=["a", "b"], text_columns=["a", "b"])
-    fractions = []
-    for _batch, _first in stream:
-        fractions.append(stream.fraction_read())
+    fractions = [stream.fraction_read() for _batch in stream]
     assert fractions == sorted(fractions) and len(fractions) == 10
     assert fractions[-1] == pytest.approx(1.0) and fractions[0] == pytest.approx(0.1, abs=0.02)
+    monkeypatch.setattr(textfile, "_MIN_BLOCK_BYTES", 600)  # several blocks: each block's bytes go to its rows
+    stream = CsvStream(path, ",", False, MalformedRows(path), chunk_rows=1, column_names=["a", "b"], text_columns=["a", "b"])
+    fractions = [stream.fraction_read() for _batch in stream]
+    assert fractions == sorted(fractions) and len(fractions) == 1000 and fractions[-1] == pytest.approx(1.0)
+    assert fractions[99] == pytest.approx(0.1, abs=0.02) and fractions[499] == pytest.approx(0.5, abs=0.02)
 
 
 def test_a_non_utf8_line_with_the_wrong_field_count_is_one_line(tmp_path, capsys):

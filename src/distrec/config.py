@@ -76,21 +76,29 @@ class SyntheticConfig:
 class DataConfig:
     """Where the data comes from and how it is split."""
 
-    path: str | None = None
-    """Input file or directory; unset: synthetic data generated as ``data.synthetic`` says."""
+    path: str | list[str] | None = None
+    """Input: a file, a directory, a glob or several of them, local or URLs (s3://, gs://, hdfs://,
+    file://; other schemes through fsspec); unset: synthetic data generated as ``data.synthetic`` says.
+
+    Several files (Criteo's day_0.gz to day_23.gz, Parquet parts) are one data set, their rows in
+    file order: a list in its order, a directory's or a glob's files in natural order (day_2 before
+    day_10). Each file is prepared into its own cache, so a new file prepares only itself. A
+    MovieLens input is one ml-100k directory."""
     format: Literal["synthetic", "criteo", "movielens", "csv", "parquet"] = "synthetic"
-    """Input format: a Criteo TSV (plain or .gz), a MovieLens ml-100k directory, a CSV or Parquet
-    file read by ``schema``, or synthetic data."""
+    """Input format: Criteo TSV (plain or compressed), a MovieLens ml-100k directory, CSV or Parquet
+    read by ``schema``, or synthetic data."""
     schema: str | None = None
     """YAML schema of a csv or parquet input: its label, dense and categorical columns."""
     cache_dir: str | None = None
     """Where parsed data is cached; unset: $DISTREC_CACHE, else ~/.cache/distrec."""
     split: str = "random:0.1"
     """Holdout: random:VAL[:TEST] or last:VAL[:TEST], the fractions of the rows held out for
-    validation and, optionally, test.
+    validation and, optionally, test; or files:[VAL:]TEST, whole input files held out.
 
     ``random`` draws the held-out rows by a permutation seeded with ``train.seed``; ``last``
-    holds out the last rows (a time-ordered holdout)."""
+    holds out the last rows (a time-ordered holdout). ``files:T`` tests on the last T files and
+    trains on the others without validation rows (as MLPerf trains on Criteo days 0-22 and tests
+    on day 23); ``files:V:T`` also validates on the V files before them."""
     max_ind_range: int = 100_000
     """Rows per hashed table, for every feature that ``table_sizes`` does not name.
 
@@ -101,14 +109,29 @@ class DataConfig:
     strict: bool = False
     """Stop at the first malformed row instead of skipping it."""
     chunk_rows: int = 262_144
-    """Rows parsed at a time while the input is read into the cache."""
+    """Rows parsed at a time while the input is read into the cache; a preparing process holds
+    about this many rows (a part of a file waiting for the parts before it, up to twice)."""
+    prepare_workers: int | None = None
+    """Processes that prepare input files and parts of files at the same time; unset: one per
+    CPU core this process may use."""
+    loader_threads: int = 2
+    """Threads that build mini-batches ahead of the training step, each a whole batch at a time."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """The synthetic data set (format synthetic)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path, list) and len(self.path) == 1:  # --data FILE: one name, as before lists
+            self.path = self.path[0]
 
     def validate(self) -> None:
         """DistrecError naming the first field out of range."""
         _check_min("data.max_ind_range", self.max_ind_range, 1)
         _check_min("data.chunk_rows", self.chunk_rows, 1)
+        if self.prepare_workers is not None:
+            _check_min("data.prepare_workers", self.prepare_workers, 1)
+        _check_min("data.loader_threads", self.loader_threads, 1)
+        if isinstance(self.path, list) and not self.path:
+            raise DistrecError("data.path is an empty list; name at least one input file, or unset it for synthetic data")
         self.synthetic.validate()
         for name, rows in self.table_sizes.items():
             if rows < 2:
@@ -557,6 +580,12 @@ def unwrap_optional(hint: Any) -> Any:
     return [a for a in args if a is not type(None)][0]
 
 
+def takes_list(hint: Any) -> bool:
+    """Whether a field of type ``hint`` may hold a list beside a single value (``str | list[str] | None``)."""
+    members = [a for a in get_args(hint) if a is not type(None)]
+    return len(members) > 1 and any(get_origin(a) is list for a in members)
+
+
 def literal_values(hint: Any) -> tuple[Any, ...] | None:
     """The values a ``Literal`` type (or ``Literal[...] | None``) allows; None for other types."""
     inner = unwrap_optional(hint)
@@ -580,9 +609,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return _from_dict(hint, value, key + ".")
     if origin is Literal:
         return _check_choice(value, args, key)
-    if type(None) in args:  # Optional[...]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
+    if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):  # Optional[...]
+        return None
+    members = [a for a in args if a is not type(None)]
+    if len(members) > 1 and origin is not list and origin is not dict:  # a union such as str | list[str]: the member of the value's shape
+        lists = [a for a in members if get_origin(a) is list]
+        return _coerce(value, lists[0] if isinstance(value, list) and lists else next(a for a in members if get_origin(a) is not list), key)
+    if type(None) in args:
         return _coerce(value, unwrap_optional(hint), key)
     if origin is list:
         if isinstance(value, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, config_from_args
@@ -11,6 +12,8 @@ from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, co
 EXAMPLES = """
 examples:
   distrec data prepare --data-format criteo --data day_0.gz       # parse once into the cache
+  distrec data prepare --data-format criteo --data criteo/day_*.gz # many files: each cached on its own
+  distrec data prepare --data-format parquet --data s3://bucket/clicks/ --schema schema.yaml
   distrec data prepare --data-format csv --data clicks.csv --schema schema.yaml
   distrec data synth -o synthetic.tsv --rows 100000 --set data.synthetic.zipf_exponent=1.2
 """
@@ -37,9 +40,13 @@ def run_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data import prepare, read_manifest
 
     cfg = config_from_args(args)
+    started = time.perf_counter()
     cache = prepare(cfg.data, progress=not args.no_progress)
+    seconds = time.perf_counter() - started
     manifest = read_manifest(cache)
-    print(json.dumps({"cache": str(cache), **{k: manifest[k] for k in ("rows", "malformed_rows", "malformed_lines") if k in manifest}}))
+    files = {"files": len(manifest["files"])} if "files" in manifest else {}
+    shown = {k: manifest[k] for k in ("rows", "malformed_rows", "malformed_lines") if k in manifest}
+    print(json.dumps({"cache": str(cache), **files, **shown, "seconds": round(seconds, 3)}))
     return 0
 
 

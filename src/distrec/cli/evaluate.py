@@ -12,6 +12,8 @@ EXAMPLES = """
 examples:
   distrec evaluate --checkpoint runs/criteo --data ../shared/data/criteo/criteo_kaggle_tiny.tsv \\
       --data-format criteo
+  distrec evaluate --checkpoint runs/terabyte --data criteo/day_22.gz criteo/day_23.gz --data-format criteo
+  distrec evaluate --checkpoint runs/terabyte --split test    # the files the run held out (files:1)
 """
 
 

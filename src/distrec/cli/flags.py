@@ -1,7 +1,8 @@
 """Command-line flags made from the config: ``FLAGS`` says which flag sets which config field.
 
 Each flag's argparse argument comes from its field (``distrec.config``): the value's type
-from the annotation, ``choices`` from a ``Literal``, ``store_true`` for a bool, and the help
+from the annotation (one or more values for a field that may hold a list), ``choices`` from
+a ``Literal``, ``store_true`` for a bool, and the help
 from the field's docstring (its first paragraph) followed by "(default X)" from the
 dataclass default (left out for None, whose meaning the docstring gives, and for bools).
 """
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
-from distrec.config import RunConfig, literal_values, unwrap_optional
+from distrec.config import RunConfig, literal_values, takes_list, unwrap_optional
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def config_argument(flag: Flag, with_default: bool = True) -> dict[str, Any]:
         kwargs["choices"] = choices
     else:
         kwargs.update(type=value_type, metavar=flag.metavar)
+        if takes_list(hint):  # a field that may hold a list takes one or more values
+            kwargs["nargs"] = "+"
     return kwargs
 
 

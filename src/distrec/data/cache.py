@@ -1,18 +1,17 @@
-"""The columnar binary cache: parse an input once, then memory-map it for every run.
+"""The cache of parsed inputs: each input file parsed once into its own cache directory, then
+memory-mapped by every run.
 
-A cache directory holds::
+The layout of a cache directory is in ``distrec.data.cache_files``. A file's cache is named
+by a hash of the file's identity (absolute path or URL, size and modification time, format,
+schema text), so a changed file gets a new cache and a data set of many files, given a new
+file, prepares only that one. A data set of several files is a set directory whose manifest
+names its files' caches in file order; a single file's data set is its file's cache, and a
+synthetic or MovieLens data set has one cache for all of it.
 
-    manifest.json        format version, rows, chunks, label / dense / feature names, source,
-                         malformed row count and the first few line numbers
-    dense.f32            float32 [rows, n_dense], row-major
-    labels.f32           float32 [rows]
-    sparse_<f>.ids.i64   int64 [nnz] raw ids of feature f (0 = missing)
-    sparse_<f>.offsets.i64  int64 [rows + 1] bag boundaries (multi-hot features only)
-
-It is written chunk by chunk (memory bounded by one chunk) into a temporary directory
-that is renamed into place when complete, so a directory under its final name is always
-whole. Its name is a hash of the input's identity (absolute path, size and modification
-time, format, schema text, synthetic parameters), so a changed input gets a new cache.
+A cache directory is built under a temporary name and renamed into place when complete
+(``distrec.data.preparation``), so a directory under its final name is always whole and is
+read without a lock; building takes an exclusive lock per cache, and first removes
+temporaries left by a prepare that was killed.
 """
 
 from __future__ import annotations
@@ -27,36 +26,17 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
-
-import numpy as np
-from tqdm import tqdm
+from pathlib import Path, PurePosixPath
 
 from distrec.config import DataConfig
-from distrec.data.criteo import read_criteo
-from distrec.data.fingerprint import input_files
-from distrec.data.movielens import read_movielens
-from distrec.data.source import Chunk, MalformedRows, Source, existing_path
-from distrec.data.synthetic import read_synthetic
-from distrec.data.tabular import read_tabular
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, PARTS, read_manifest
+from distrec.data.inputs import InputFile, describe_paths, input_files, movielens_directory
+from distrec.data.preparation import build
+from distrec.data.source import MalformedRows, existing_path
 from distrec.errors import DistrecError
 from distrec.io import atomic_directory, atomic_write_json
 
-# Bump when the layout or any parser's output changes: old caches are then not reused.
-CACHE_FORMAT_VERSION = 2
-MANIFEST = "manifest.json"
-DENSE_FILE = "dense.f32"
-LABELS_FILE = "labels.f32"
-
 log = logging.getLogger(__name__)
-
-
-def ids_file(feature: int) -> str:
-    return f"sparse_{feature}.ids.i64"
-
-
-def offsets_file(feature: int) -> str:
-    return f"sparse_{feature}.offsets.i64"
 
 
 def default_cache_root(cfg: DataConfig) -> Path:
@@ -65,78 +45,58 @@ def default_cache_root(cfg: DataConfig) -> Path:
     return Path(root).expanduser()
 
 
-def open_source(cfg: DataConfig) -> Source:
-    """The parser for ``cfg.format`` over ``cfg.path``."""
+def cache_names(cfg: DataConfig) -> tuple[list[InputFile | None], list[str]]:
+    """The inputs of ``cfg`` (None stands for a whole synthetic or MovieLens data set) and the
+    name of each one's cache directory: a readable prefix and a hash of its identity."""
+    files = input_files(cfg)
+    base = {"version": CACHE_FORMAT_VERSION, "format": cfg.format}
     if cfg.format == "synthetic":
-        return read_synthetic(cfg.synthetic, cfg.chunk_rows)
-    if cfg.format == "criteo":
-        return read_criteo(cfg.path, cfg.chunk_rows, cfg.strict)
+        return [None], [_name(cfg, f"{cfg.synthetic.rows}rows", base | {"synthetic": dataclasses.asdict(cfg.synthetic)})]
     if cfg.format == "movielens":
-        return read_movielens(cfg.path, cfg.chunk_rows, cfg.strict)
+        return [None], [_name(cfg, Path(movielens_directory(cfg)).name, base | {"files": [_identity(f) for f in files]})]
     if cfg.format in ("csv", "parquet"):
-        return read_tabular(cfg.path, cfg.schema, cfg.format, cfg.chunk_rows, cfg.strict)
-    raise DistrecError(f"unknown data format {cfg.format!r}; choose criteo, movielens, csv, parquet or synthetic")
+        base["schema"] = existing_path(cfg.schema, what="schema").read_text(errors="replace")
+    return list(files), [_name(cfg, f.name, base | {"files": [_identity(f)]}) for f in files]
 
 
-def _identity(cfg: DataConfig) -> tuple[str, dict]:
-    """A readable name for the input and everything that determines its parsed rows.
-
-    Raises DistrecError when the input or the schema is missing.
-    """
-    if cfg.format == "synthetic":
-        if cfg.path is not None:
-            raise DistrecError(
-                "--data-format synthetic generates its data; drop --data, or read a file written by `distrec data synth` with --data-format criteo"
-            )
-        return f"{cfg.synthetic.rows}rows", {"synthetic": dataclasses.asdict(cfg.synthetic)}
-    if cfg.path is None:
-        raise DistrecError(f"--data-format {cfg.format} needs --data PATH")
-    identity = {}
-    if cfg.format in ("csv", "parquet"):
-        if cfg.schema is None:
-            raise DistrecError(f"--data-format {cfg.format} needs --schema FILE naming the label, dense and categorical columns")
-        identity["schema"] = existing_path(cfg.schema, what="schema").read_text(errors="replace")
-    identity["files"] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in input_files(cfg)]
-    return Path(cfg.path).name, identity
+def _identity(file: InputFile) -> list:
+    return [file.uri, file.size, file.mtime_ns]
 
 
-def cache_name(cfg: DataConfig) -> str:
-    """The cache directory name for ``cfg``'s input: a readable prefix and a hash of its identity."""
-    stem, identity = _identity(cfg)
-    identity |= {"version": CACHE_FORMAT_VERSION, "format": cfg.format}
+def _name(cfg: DataConfig, stem: str, identity: dict) -> str:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return f"{cfg.format}-{re.sub(r'[^A-Za-z0-9._-]', '_', stem)[:40]}-{digest}"
 
 
 def prepare(cfg: DataConfig, cache_root: str | Path | None = None, progress: bool = True) -> Path:
-    """Parse ``cfg``'s input into a cache directory (or reuse a complete one) and return it.
+    """Parse ``cfg``'s input into the cache (or reuse what is there) and return its directory:
+    the file's cache for one file, a set directory for several.
 
-    A complete cache is read without locking or writing anything, so a read-only cache
-    directory works once it holds the cache. Building one takes an exclusive lock and
-    first removes temporaries left by a prepare that was killed.
+    Only the files without a complete cache are parsed, in parallel (``cfg.prepare_workers``).
+    Complete caches are read without locking or writing anything, so a read-only cache
+    directory works once it holds them.
 
     Args:
-        cfg: the data section (format, path, schema, strict, chunk_rows, synthetic).
+        cfg: the data section (format, path, schema, strict, chunk_rows, prepare_workers, synthetic).
         cache_root: where caches live (default :func:`default_cache_root`).
-        progress: show a rows/s progress bar (only on a terminal).
+        progress: show one progress bar for all files, in bytes/s and rows/s (only on a terminal).
 
     Raises:
-        DistrecError: missing input or schema, a malformed row with ``cfg.strict``, no
-            valid rows at all, a cache directory that cannot be written, or a full disk.
+        DistrecError: a missing input or schema, a malformed row with ``cfg.strict``, a file
+            without valid rows or that cannot be read, files whose columns differ, a cache
+            directory that cannot be written, or a full disk. The files before the first
+            failing one keep their caches.
     """
     root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root(cfg)
-    target = root / cache_name(cfg)
-    if _reuse(target, cfg.strict):
-        return target
-    with _locked(root / f".{target.name}.lock", cfg):
-        if _reuse(target, cfg.strict):  # another process prepared it while we waited
-            return target
-        source = open_source(cfg)
-        with atomic_directory(target) as tmp:
-            write_cache(source, tmp, progress)
-        if source.malformed.count:
-            log.warning(source.malformed.summary())
-    return target
+    inputs, names = cache_names(cfg)
+    targets = [root / name for name in names]
+    missing = [i for i, target in enumerate(targets) if not _reuse(target, cfg.strict)]
+    if missing:
+        with _locked([targets[i] for i in missing], cfg):
+            missing = [i for i in missing if not _reuse(targets[i], cfg.strict)]  # others may have prepared some meanwhile
+            if missing:
+                build(cfg, [inputs[i] for i in missing], [targets[i] for i in missing], progress)
+    return targets[0] if len(targets) == 1 else _set(root, cfg, inputs, targets)
 
 
 def _reuse(target: Path, strict: bool) -> bool:
@@ -159,115 +119,61 @@ def _reuse(target: Path, strict: bool) -> bool:
 
 
 @contextmanager
-def _locked(path: Path, cfg: DataConfig) -> Iterator[None]:
-    """An exclusive advisory lock, so concurrent processes prepare a cache only once."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "w")
-    except OSError as e:
-        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise
-        raise DistrecError(
-            f"cache directory {path.parent} is not writable ({e.strerror}) and holds no complete cache of "
-            f"{cfg.path or cfg.format}; pass a writable --cache-dir (or set DISTREC_CACHE)"
-        ) from None
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def write_cache(source: Source, directory: Path, progress: bool = True) -> dict:
-    """Stream ``source`` into the cache files under ``directory``; write and return the manifest.
-
-    Raises DistrecError if the source has no valid row, or when the disk fills up (naming
-    the directory and an estimate of the space the whole cache needs).
-    """
-    written = _Written()
-    try:
-        return _write_cache(source, directory, progress, written)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        name = source.description.get("path") or source.description["format"]
-        raise DistrecError(
-            f"no space left on the disk of {directory.parent} for the cache of {name}: it needs "
-            f"{written.estimate(source)} (the partial cache is removed); free space or pass --cache-dir on a larger disk"
-        ) from None
-
-
-@dataclasses.dataclass
-class _Written:
-    """Rows handed to the cache files so far (including the chunk being written) and their bytes."""
-
-    rows: int = 0
-    bytes: int = 0
-
-    def add(self, chunk: Chunk, multi_hot: int) -> None:
-        self.rows += chunk.num_rows
-        self.bytes += 4 * chunk.dense.size + 4 * chunk.num_rows + 8 * sum(len(values) for values, _ in chunk.sparse)
-        self.bytes += 8 * multi_hot * chunk.num_rows
-
-    def estimate(self, source: Source) -> str:
-        """The size of the whole cache, extrapolated from the rows so far."""
-        if source.num_rows:
-            done = self.rows / source.num_rows
-        else:
-            done = source.fraction_read() if source.fraction_read is not None else 0.0
-        if not self.rows or done <= 0:
-            return f"more than {self.bytes / 1e6:,.1f} MB"
-        return f"about {self.bytes / min(done, 1.0) / 1e6:,.1f} MB"
-
-
-def _write_cache(source: Source, directory: Path, progress: bool, written: _Written) -> dict:
-    rows = chunks = 0
-    nnz = [0] * len(source.features)
-    name = source.description.get("path") or source.description["format"]
+def _locked(targets: list[Path], cfg: DataConfig) -> Iterator[None]:
+    """Exclusive advisory locks of the caches ``targets``, taken in name order (so that two
+    processes preparing overlapping sets cannot wait for each other), so concurrent processes
+    prepare each cache only once."""
     with ExitStack() as stack:
-        dense = stack.enter_context(open(directory / DENSE_FILE, "wb"))
-        labels = stack.enter_context(open(directory / LABELS_FILE, "wb"))
-        ids = [stack.enter_context(open(directory / ids_file(f), "wb")) for f in range(len(source.features))]
-        offsets = {f: stack.enter_context(open(directory / offsets_file(f), "wb")) for f, feat in enumerate(source.features) if feat.multi_hot}
-        for out in offsets.values():
-            out.write(np.zeros(1, np.int64))
-        bar = stack.enter_context(
-            tqdm(total=source.num_rows, unit=" rows", unit_scale=True, desc=f"preparing {Path(name).name}", disable=None if progress else True)
-        )
-        for chunk in source.chunks:
-            written.add(chunk, len(offsets))
-            dense.write(np.ascontiguousarray(chunk.dense, np.float32))
-            labels.write(np.ascontiguousarray(chunk.labels, np.float32))
-            for f, (values, lengths) in enumerate(chunk.sparse):
-                ids[f].write(np.ascontiguousarray(values, np.int64))
-                if f in offsets:
-                    offsets[f].write(nnz[f] + np.cumsum(lengths, dtype=np.int64))
-                nnz[f] += len(values)
-            rows += chunk.num_rows
-            chunks += 1
-            bar.update(chunk.num_rows)
-    if rows == 0:
-        skipped = f"; {source.malformed.summary()}" if source.malformed.count else ""
-        raise DistrecError(f"{name} has no valid rows{skipped}; check --data and --data-format")
+        for target in sorted(targets):
+            path = target.parent / f".{target.name}.lock"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                f = stack.enter_context(open(path, "w"))
+            except OSError as e:
+                if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise
+                raise DistrecError(
+                    f"cache directory {path.parent} is not writable ({e.strerror}) and holds no complete cache of "
+                    f"{describe_paths(cfg.path) if cfg.path is not None else cfg.format}; pass a writable --cache-dir (or set DISTREC_CACHE)"
+                ) from None
+            fcntl.flock(f, fcntl.LOCK_EX)
+            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)
+        yield
+
+
+def _set(root: Path, cfg: DataConfig, files: list[InputFile | None], targets: list[Path]) -> Path:
+    """The set directory of several files' caches (made when missing): its manifest names the
+    parts in file order and sums their rows, values and skipped rows.
+
+    Raises DistrecError when a file's label, dense or categorical columns differ from the first's.
+    """
+    digest = hashlib.sha256(json.dumps([t.name for t in targets]).encode()).hexdigest()[:16]
+    stem = PurePosixPath(files[0].uri).parent.name or files[0].name
+    target = root / f"{cfg.format}-{re.sub(r'[^A-Za-z0-9._-]', '_', stem)[:40]}-{len(targets)}files-{digest}"
+    if (target / MANIFEST).is_file():
+        return target
+    manifests = [read_manifest(t) for t in targets]
+    first = manifests[0]
+    for file, manifest in zip(files, manifests):
+        columns = [(m["label"], m["dense"], [(f["name"], f["multi_hot"]) for f in m["features"]]) for m in (first, manifest)]
+        if columns[0] != columns[1]:
+            raise DistrecError(
+                f"{file.uri} has other columns than {files[0].uri} (label, dense and categorical columns, and which hold several values); "
+                "the files of a data set must share one layout"
+            )
     manifest = {
         "format_version": CACHE_FORMAT_VERSION,
-        "rows": rows,
-        "chunks": chunks,
-        "label": source.label,
-        "dense": source.dense,
-        "features": [feat.to_dict() | {"nnz": nnz[f]} for f, feat in enumerate(source.features)],
-        "source": source.description,
-        **source.malformed.to_manifest(),
+        PARTS: [t.name for t in targets],
+        "files": [f.uri for f in files],
+        "rows": sum(m["rows"] for m in manifests),
+        "part_rows": [m["rows"] for m in manifests],
+        "label": first["label"],
+        "dense": first["dense"],
+        "features": [f | {"nnz": sum(m["features"][i]["nnz"] for m in manifests)} for i, f in enumerate(first["features"])],
+        "malformed_rows": sum(m["malformed_rows"] for m in manifests),
     }
-    atomic_write_json(directory / MANIFEST, manifest)
-    return manifest
-
-
-def read_manifest(directory: str | Path) -> dict:
-    """The manifest of a cache directory (DistrecError if it is not a cache)."""
-    path = Path(directory) / MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        raise DistrecError(f"{directory} is not a distrec data cache (no readable {MANIFEST}); run distrec data prepare") from None
+    with _locked([target], cfg):
+        if not (target / MANIFEST).is_file():
+            with atomic_directory(target) as tmp:
+                atomic_write_json(tmp / MANIFEST, manifest)
+    return target

@@ -18,12 +18,8 @@ from distrec.errors import DistrecError
 _INTEGER = r"^[-+]?\d+$"
 _FLOAT = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
 
-# Hex digit value of every byte, 255 for bytes that are not hex digits.
-_HEX_VALUE = np.full(256, 255, np.uint8)
-for _digits, _base in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
-    _HEX_VALUE[np.frombuffer(_digits, np.uint8)] = np.arange(len(_digits), dtype=np.uint8) + _base
 # At most 15 hex digits, so that value + 1 fits in a non-negative int64.
-_MAX_HEX_DIGITS = 15
+MAX_HEX_DIGITS = 15
 
 # 64-bit FNV-1a (Fowler, Noll, Vo; http://www.isthe.com/chongo/tech/comp/fnv/).
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -36,13 +32,8 @@ def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Returns (starts int64 [n], lengths int64 [n], data uint8 [bytes]): value i is
     ``data[starts[i]:starts[i] + lengths[i]]``; nulls have length 0.
     """
-    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
-        raise TypeError(f"expected a string or binary column, got {arr.type}")
-    _, offsets_buf, data_buf = arr.buffers()
-    offset_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32
-    n = len(arr)
-    offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    offsets, data = _offsets_and_data(arr)
+    offsets = offsets.astype(np.int64)
     starts = offsets[:-1]
     lengths = np.diff(offsets)
     if arr.null_count:
@@ -50,19 +41,17 @@ def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return starts, lengths, data
 
 
-def _digit_matrix(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray, width: int) -> np.ndarray:
-    """The bytes of values of 1..width bytes as a matrix [n, width], right-aligned, zero-padded.
-
-    Values of exactly ``width`` bytes stored back to back (Criteo's hashes) are a zero-copy
-    reshape of the data buffer; other layouts are gathered.
-    """
-    n = starts.shape[0]
-    if n and (lengths == width).all() and starts[-1] - starts[0] == (n - 1) * width:
-        return data[starts[0] : starts[0] + n * width].reshape(n, width)
-    pos = starts[:, None] + np.arange(width) - (width - lengths[:, None])
-    digits = data[np.clip(pos, 0, max(data.size - 1, 0))] if data.size else np.zeros(pos.shape, np.uint8)
-    digits[pos < starts[:, None]] = ord("0")
-    return digits
+def _offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Views of a string or binary column's buffers: offsets (int32 or int64 [n + 1]; value i
+    is ``data[offsets[i]:offsets[i + 1]]``, a null's bytes are meaningless) and data uint8."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
+        raise TypeError(f"expected a string or binary column, got {arr.type}")
+    _, offsets_buf, data_buf = arr.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32
+    n = len(arr)
+    offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1] if offsets_buf is not None else np.zeros(n + 1, offset_type)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
 
 
 def parse_hex(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -71,21 +60,12 @@ def parse_hex(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     Returns (raw int64 [n], bad bool [n]) where ``bad`` marks values that are not 1 to 15
     hex digits (their raw id is 0).
     """
-    starts, lengths, data = string_buffers(arr)
-    raw = np.zeros(len(arr), np.int64)
-    bad = lengths > _MAX_HEX_DIGITS
-    present = np.flatnonzero((lengths > 0) & ~bad)
-    if present.size == 0:
-        return raw, bad
-    width = int(lengths[present].max())
-    nibbles = _HEX_VALUE[_digit_matrix(starts[present], lengths[present], data, width)]
-    value = np.zeros(present.size, np.int64)
-    for k in range(width):
-        value <<= 4
-        value |= nibbles[:, k]
-    not_hex = (nibbles == 255).any(axis=1)
-    bad[present[not_hex]] = True
-    raw[present] = np.where(not_hex, 0, value + 1)
+    from distrec.data.text_kernels import parse_hex_ids  # numba loads on first use
+
+    offsets, data = _offsets_and_data(arr)
+    nulls = np.asarray(arr.is_null()) if arr.null_count else np.zeros(0, bool)
+    raw, bad = np.empty(len(arr), np.int64), np.zeros(len(arr), bool)
+    parse_hex_ids(offsets, data, nulls, MAX_HEX_DIGITS, raw, bad)
     return raw, bad
 
 
@@ -143,6 +123,8 @@ def parse_numbers(arr: pa.Array, integer: bool = False) -> tuple[np.ndarray, np.
         raise DistrecError(f"a numeric column has type {arr.type}; use a number column for dense values and labels")
     # int64 beyond 2**53 does not fit float64 exactly; rounding it is fine for features
     values = np.asarray(pc.cast(arr, pa.float64(), safe=False).fill_null(np.nan).to_numpy(zero_copy_only=False), np.float64)
+    if not text and not pa.types.is_floating(arr.type):  # integers and booleans are always finite
+        return values, bad
     non_finite = ~np.isfinite(values)
     if text:
         bad |= non_finite & ~np.asarray(arr.is_null())

@@ -1,6 +1,7 @@
 """A prepared data set: splits, table sizes and fast, resumable mini-batches.
 
-Raw ids become table rows at batch time: ``index = 0 if raw == 0 else 1 + (raw - 1) %
+A data set of several files memory-maps each file's cache and numbers the rows in file
+order; a batch gathers from every file its rows fall in. Raw ids become table rows at batch time: ``index = 0 if raw == 0 else 1 + (raw - 1) %
 (rows - 1)``, so row 0 of every table is the reserved "missing" row. A feature's table has
 ``data.table_sizes[name]`` rows if given, else ``min(max_ind_range, id_bound)`` for
 small-integer-id features (MovieLens ids map one to one), else ``max_ind_range``.
@@ -17,20 +18,12 @@ import torch
 
 from distrec.config import DataConfig
 from distrec.data.batch import Batch, BatchLayout
-from distrec.data.cache import (
-    CACHE_FORMAT_VERSION,
-    DENSE_FILE,
-    LABELS_FILE,
-    ids_file,
-    offsets_file,
-    read_manifest,
-)
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
 from distrec.data.prefetch import prefetch
-from distrec.data.source import Chunk, Source, SparseFeature, gather_bags
+from distrec.data.source import Chunk, Source, SparseFeature
+from distrec.data.split import split_rows
 from distrec.errors import DistrecError
 from distrec.tables import TableConfig
-
-SPLIT_EXAMPLES = "e.g. random:0.1, random:0.1:0.1, last:0.2 or last:0.1:0.1"
 
 
 def table_rows(feature: SparseFeature, cfg: DataConfig) -> int:
@@ -42,35 +35,20 @@ def table_rows(feature: SparseFeature, cfg: DataConfig) -> int:
 
 
 def table_index(raw: np.ndarray, num_rows: int) -> np.ndarray:
-    """Table rows of raw ids (int64): 0 stays 0, others wrap into rows 1..num_rows-1."""
-    # 1 + (raw - 1) % (num_rows - 1) is <= raw for raw >= 1 and is num_rows - 1 for raw == 0,
-    # so the minimum with raw gives 0 for missing values without a branch. The remainder is
-    # computed as x - (x // d) * d: NumPy divides by a scalar several times faster than it
-    # takes a remainder.
-    d = num_rows - 1
-    index = raw - 1
-    index -= (index // d) * d
-    index += 1
-    return np.minimum(index, raw, out=index)
+    """Table rows of raw ids (int64 >= 0): 0 stays 0, others wrap into rows 1..num_rows-1 as
+    ``1 + (raw - 1) % (num_rows - 1)`` (``distrec.data.batch_kernels.table_row``, which
+    :meth:`Dataset.batch` applies as it gathers)."""
+    from distrec.data.batch_kernels import map_rows  # numba loads on first use
+
+    raw = np.ascontiguousarray(raw, np.int64)
+    out = np.empty_like(raw)
+    map_rows(raw, num_rows - 1, out)
+    return out
 
 
 def num_batches(num_rows: int, batch_size: int, drop_last: bool = False) -> int:
     """Batches in one pass over ``num_rows`` rows."""
     return num_rows // batch_size if drop_last else -(-num_rows // batch_size)
-
-
-def parse_split(spec: str) -> tuple[str, float, float | None]:
-    """``random:VAL[:TEST]`` or ``last:VAL[:TEST]`` as (kind, val fraction, test fraction or None)."""
-    parts = spec.split(":")
-    try:
-        if parts[0] not in ("random", "last") or len(parts) not in (2, 3):
-            raise ValueError
-        val, test = float(parts[1]), float(parts[2]) if len(parts) == 3 else None
-    except ValueError:
-        raise DistrecError(f"split {spec!r} is not KIND:VAL[:TEST] with KIND random or last; {SPLIT_EXAMPLES}") from None
-    if not (0 <= val < 1 and 0 <= (test or 0) < 1 and val + (test or 0) < 1):
-        raise DistrecError(f"split {spec!r}: fractions must be in [0, 1) and sum below 1; {SPLIT_EXAMPLES}")
-    return parts[0], val, test
 
 
 @dataclass
@@ -79,6 +57,30 @@ class _Column:
 
     values: np.ndarray
     offsets: np.ndarray | None
+
+
+@dataclass
+class _File:
+    """The rows of one input file: dense float32 [n, n_dense], labels float32 [n], and one
+    column per feature."""
+
+    dense: np.ndarray
+    labels: np.ndarray
+    columns: list[_Column]
+
+    @staticmethod
+    def load(directory: Path, features: list[SparseFeature]) -> _File:
+        """Memory-map the cache of one file."""
+        manifest = read_manifest(directory)
+        n = manifest["rows"]
+        columns = [
+            _Column(
+                _memmap(directory / ids_file(f), np.int64, (d["nnz"],)),
+                _memmap(directory / offsets_file(f), np.int64, (n + 1,)) if feat.multi_hot else None,
+            )
+            for f, (feat, d) in enumerate(zip(features, manifest["features"]))
+        ]
+        return _File(_memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"]))), _memmap(directory / LABELS_FILE, np.float32, (n,)), columns)
 
 
 def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -95,8 +97,11 @@ class Dataset:
     """Rows of a prepared data set, memory-mapped from a cache directory or held in memory.
 
     Args:
-        cache_dir: a cache made by :func:`distrec.data.prepare`.
+        cache_dir: a cache made by :func:`distrec.data.prepare` (one file's, or a set of files').
         cfg: table sizing (``max_ind_range``, ``table_sizes``); defaults if None.
+
+    Attributes:
+        file_starts: int64 [files + 1], the first row of each input file, then the number of rows.
 
     Example:
         >>> ds = Dataset(prepare(cfg), cfg)
@@ -110,38 +115,20 @@ class Dataset:
         manifest = read_manifest(cache_dir)
         if manifest.get("format_version") != CACHE_FORMAT_VERSION:
             raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not {CACHE_FORMAT_VERSION}; delete it and prepare again")
-        n = manifest["rows"]
         features = [SparseFeature.from_dict(d) for d in manifest["features"]]
-        columns = [
-            _Column(
-                _memmap(cache_dir / ids_file(f), np.int64, (d["nnz"],)),
-                _memmap(cache_dir / offsets_file(f), np.int64, (n + 1,)) if feat.multi_hot else None,
-            )
-            for f, (feat, d) in enumerate(zip(features, manifest["features"]))
-        ]
-        dense = _memmap(cache_dir / DENSE_FILE, np.float32, (n, len(manifest["dense"])))
-        labels = _memmap(cache_dir / LABELS_FILE, np.float32, (n,))
-        self._setup(dense, labels, columns, features, list(manifest["dense"]), cfg, manifest)
+        files = [_File.load(directory, features) for directory in part_directories(cache_dir)]
+        self._setup(files, features, list(manifest["dense"]), cfg, manifest)
 
-    def _setup(
-        self,
-        dense: np.ndarray,
-        labels: np.ndarray,
-        columns: list[_Column],
-        features: list[SparseFeature],
-        dense_names: list[str],
-        cfg: DataConfig | None,
-        manifest: dict | None,
-    ) -> None:
+    def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
         unknown = sorted(set(self.cfg.table_sizes) - {f.name for f in features})
         if unknown:
             raise DistrecError(
                 f"data.table_sizes names {unknown[0]!r}, which is not a feature of this data set (features: {', '.join(f.name for f in features)})"
             )
-        self._dense = dense
-        self._labels = labels
-        self._columns = columns
+        self._files = files
+        self.file_starts = np.zeros(len(files) + 1, np.int64)
+        np.cumsum([f.labels.shape[0] for f in files], out=self.file_starts[1:])
         self.features = features
         self.dense_names = dense_names
         self.manifest = manifest
@@ -149,8 +136,8 @@ class Dataset:
 
     def _set_table_rows(self, rows: dict[str, int]) -> None:
         self.table_rows = rows
-        # identity mapping when every raw id already fits the table (small-integer ids)
-        self._wraps = [f.id_bound is None or f.id_bound > rows[f.name] for f in self.features]
+        # per feature, the divisor of the mapping into its table; 0 keeps ids that already fit (small-integer ids)
+        self._rows_minus_one = [rows[f.name] - 1 if f.id_bound is None or f.id_bound > rows[f.name] else 0 for f in self.features]
 
     def override_tables(self, tables: list[TableConfig]) -> None:
         """Map raw ids into these tables (e.g. a trained model's) instead of the config's sizes."""
@@ -177,16 +164,16 @@ class Dataset:
                 np.cumsum(lengths, out=offsets[1:])
             columns.append(_Column(np.asarray(values, np.int64), offsets))
         dataset = cls.__new__(cls)
-        dataset._setup(chunk.dense, chunk.labels, columns, features, dense_names, cfg, None)
+        dataset._setup([_File(chunk.dense, chunk.labels, columns)], features, dense_names, cfg, None)
         return dataset
 
     @property
     def num_rows(self) -> int:
-        return int(self._labels.shape[0])
+        return int(self.file_starts[-1])
 
     @property
     def num_dense(self) -> int:
-        return int(self._dense.shape[1])
+        return int(self._files[0].dense.shape[1])
 
     @property
     def feature_names(self) -> list[str]:
@@ -197,59 +184,64 @@ class Dataset:
         return [TableConfig(f.name, self.table_rows[f.name], dim, f.multi_hot) for f in self.features]
 
     def split(self, spec: str, seed: int = 0) -> dict[str, np.ndarray]:
-        """Row ids (sorted int64) of "train", "val" and, if the spec has a test part, "test".
-
-        ``random:VAL[:TEST]`` draws the held-out rows by a permutation seeded with ``seed``;
-        ``last:VAL[:TEST]`` holds out the last rows (a time-ordered holdout: train, then
-        val, then test).
-        """
-        kind, val, test = parse_split(spec)
-        n = self.num_rows
-        n_val, n_test = round(val * n), round((test or 0) * n)
-        if n - n_val - n_test < 1:
-            raise DistrecError(f"split {spec!r} leaves no training rows out of {n}; hold out less")
-        order = np.arange(n, dtype=np.int64) if kind == "last" else np.random.default_rng(seed).permutation(n)
-        parts = {
-            "train": order[: n - n_val - n_test],
-            "val": order[n - n_val - n_test : n - n_test],
-        }
-        if test is not None:
-            parts["test"] = order[n - n_test :]
-        return {name: np.sort(rows) for name, rows in parts.items()}
+        """Row ids (sorted int64) of "train", "val" and, if the spec has a test part, "test":
+        ``random:VAL[:TEST]``, ``last:VAL[:TEST]`` or ``files:[VAL:]TEST`` (``distrec.data.split``)."""
+        return split_rows(spec, self.file_starts, seed)
 
     def batch(self, rows: np.ndarray, largest_shard: int | None = None) -> Batch:
-        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch whose layout
-        (``BatchLayout``) says where each feature's indices start, whether every bag holds one
-        index, and that every index lies in its table (checked here, on the host, once);
-        ``largest_shard``: the most samples a rank's slice of this global batch holds."""
+        """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch, with the layout
+        the step reads on the host (``BatchLayout``: where each feature's ids start, whether
+        every bag holds one id, the tables every id lies in; ``largest_shard``: the most
+        samples a rank's slice of this global batch holds).
+
+        Each file gathers its rows' dense features, labels and bag lengths, then every bag is
+        copied to its place in the batch with its ids mapped into the feature's table
+        (``distrec.data.batch_kernels``), in one pass over the ids: every id then lies in its
+        table by construction.
+        """
+        from distrec.data.batch_kernels import scatter_bags, scatter_ids  # numba loads on first use
+
         rows = np.asarray(rows, np.int64)
         b = rows.shape[0]
-        lengths = np.ones((len(self._columns), b), np.int64)
-        values = []
-        sizes = tuple(self.table_rows[feature.name] for feature in self.features)
-        within = True
-        for f, column in enumerate(self._columns):
-            if column.offsets is None:
-                raw = column.values[rows]
-            else:
-                raw, lengths[f] = gather_bags(column.values, column.offsets, rows)
-            if self._wraps[f]:
-                raw = table_index(raw, sizes[f])
-            elif raw.size and (raw.min() < 0 or raw.max() >= sizes[f]):
-                within = False  # the model names the index and its table
-            values.append(raw)
-        offsets = np.zeros(len(self._columns) * b + 1, np.int64)
+        parts = self._by_file(rows)
+        dense = np.empty((b, self.num_dense), np.float32)
+        labels = np.empty(b, np.float32)
+        lengths = np.ones((len(self.features), b), np.int64)
+        for file, at, local in parts:
+            dense[at] = file.dense[local]
+            labels[at] = file.labels[local]
+            for f, column in enumerate(file.columns):
+                if column.offsets is not None:
+                    lengths[f, at] = column.offsets[local + 1] - column.offsets[local]
+        offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
+        values = np.empty(int(offsets[-1]), np.int64)
+        starts = offsets[:-1].reshape(lengths.shape)
+        for file, at, local in parts:
+            for f, column in enumerate(file.columns):
+                dest = np.ascontiguousarray(starts[f, at])
+                if column.offsets is None:
+                    scatter_ids(column.values, local, dest, values, self._rows_minus_one[f])
+                else:
+                    scatter_bags(column.values, column.offsets, local, dest, values, self._rows_minus_one[f])
         layout = None
         if b:
-            layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes if within else None, largest_shard)
-        return Batch(
-            dense=torch.from_numpy(self._dense[rows]),
-            sparse_values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
-            sparse_offsets=torch.from_numpy(offsets),
-            labels=torch.from_numpy(self._labels[rows]),
-            layout=layout,
-        )
+            sizes = tuple(self.table_rows[f.name] for f in self.features)
+            layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes, largest_shard)
+        return Batch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(offsets), torch.from_numpy(labels), layout)
+
+    def _by_file(self, rows: np.ndarray) -> list[tuple[_File, slice | np.ndarray, np.ndarray]]:
+        """``rows`` grouped by file: (file, the positions in ``rows`` of its rows, those rows
+        numbered within the file), by a stable O(B) radix sort of each row's file."""
+        if len(self._files) == 1:
+            return [(self._files[0], slice(None), rows)]
+        file_of = np.searchsorted(self.file_starts, rows, side="right") - 1
+        order = np.argsort(file_of.astype(np.int16 if len(self._files) < 1 << 15 else np.int32), kind="stable")
+        bounds = np.searchsorted(file_of[order], np.arange(len(self._files) + 1))
+        return [
+            (self._files[i], order[bounds[i] : bounds[i + 1]], rows[order[bounds[i] : bounds[i + 1]]] - self.file_starts[i])
+            for i in np.flatnonzero(np.diff(bounds))
+        ]
 
     def batches(
         self,
@@ -264,8 +256,10 @@ class Dataset:
         prefetch_depth: int = 4,
         shard: tuple[int, int] = (0, 1),
         pin: bool = False,
+        threads: int | None = None,
     ) -> Iterator[Batch]:
-        """Mini-batches over ``rows`` (all rows if None), built ahead on a background thread.
+        """Mini-batches over ``rows`` (all rows if None), built up to ``prefetch_depth`` ahead
+        by ``threads`` background threads (default ``data.loader_threads``).
 
         The order depends only on (``seed``, ``epoch``) when shuffling, so batch k of an
         epoch is the same in every run; ``start_step`` starts at batch k without reading
@@ -283,5 +277,5 @@ class Dataset:
         rank, world_size = shard
         global_batches = (rows[k * batch_size : (k + 1) * batch_size] for k in range(start_step, steps))
         shards = ((np.array_split(g, world_size)[rank], -(-g.shape[0] // world_size)) for g in global_batches)
-        built = (self.batch(r, largest) for r, largest in shards)
-        return prefetch((b.pin_memory() for b in built) if pin else built, prefetch_depth)
+        build = (lambda shard: self.batch(*shard).pin_memory()) if pin else (lambda shard: self.batch(*shard))
+        return prefetch(build, shards, prefetch_depth, self.cfg.loader_threads if threads is None else threads)

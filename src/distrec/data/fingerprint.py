@@ -1,7 +1,7 @@
 """The identity of the data a run trains on, so that a resume on different data is refused.
 
 :func:`fingerprint` records what decides which rows a run sees and which embedding rows
-they map to: the absolute input path, each input file's size and a hash of sampled
+they map to: the absolute input paths (or URLs), each input file's size and a hash of sampled
 blocks of it, and the data settings (format, schema, split, ``max_ind_range``,
 ``table_sizes``, the synthetic generator's parameters). :func:`check_same_data` compares
 a saved fingerprint with the current one and names the first difference on one line.
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from distrec.config import DataConfig
+from distrec.data.filesystems import open_random_access
+from distrec.data.inputs import InputFile, absolute_paths, input_files
 from distrec.data.source import existing_path
 from distrec.errors import DistrecError
 from distrec.io import atomic_write_json, read_json
@@ -39,44 +41,31 @@ log = logging.getLogger(__name__)
 
 
 def resolve_paths(data: DataConfig) -> None:
-    """Make ``data.path``, ``data.schema`` and ``data.cache_dir`` absolute (in place), so a
-    saved config means the same files from any working directory.
+    """Make ``data.path`` (each of its names; URLs stay as they are), ``data.schema`` and
+    ``data.cache_dir`` absolute (in place), so a saved config means the same files from any
+    working directory.
 
     Raises DistrecError naming the path as given when an input file is missing.
     """
     input_files(data)
-    for key in ("path", "schema", "cache_dir"):
+    data.path = absolute_paths(data.path)
+    for key in ("schema", "cache_dir"):
         value = getattr(data, key)
         if value is not None:
             setattr(data, key, str(Path(value).expanduser().resolve()))
 
 
-def input_files(data: DataConfig) -> list[Path]:
-    """The absolute paths of the files ``data`` is parsed from (none for synthetic data).
-
-    Raises DistrecError when one is missing.
-    """
-    if data.format == "synthetic" or data.path is None:
-        return []
-    if data.format == "movielens":
-        root = existing_path(data.path, kind="directory")
-        return [existing_path(root / name) for name in ("u.data", "u.user", "u.item")]
-    return [existing_path(data.path)]
-
-
-def sampled_hash(path: Path) -> str:
-    """SHA-256 of :data:`SAMPLED_BLOCKS` blocks of :data:`BLOCK_BYTES` spread over ``path``
+def sampled_hash(file: InputFile) -> str:
+    """SHA-256 of :data:`SAMPLED_BLOCKS` blocks of :data:`BLOCK_BYTES` spread over ``file``
     (first and last included), or of the whole file when it is no larger than that."""
-    size = path.stat().st_size
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if size <= SAMPLED_BLOCKS * BLOCK_BYTES:
-            digest.update(f.read())
+    with open_random_access(file.location()) as f:
+        if file.size <= SAMPLED_BLOCKS * BLOCK_BYTES:
+            digest.update(f.read_at(file.size, 0))
         else:
-            last = size - BLOCK_BYTES
+            last = file.size - BLOCK_BYTES
             for k in range(SAMPLED_BLOCKS):
-                f.seek(last * k // (SAMPLED_BLOCKS - 1))
-                digest.update(f.read(BLOCK_BYTES))
+                digest.update(f.read_at(BLOCK_BYTES, last * k // (SAMPLED_BLOCKS - 1)))
     return digest.hexdigest()
 
 
@@ -89,7 +78,7 @@ def fingerprint(data: DataConfig) -> dict[str, Any]:
     """
     settings: dict[str, Any] = {
         "format": data.format,
-        "path": None if data.path is None else str(Path(data.path).expanduser().resolve()),
+        "path": absolute_paths(data.path),
         "schema": None if data.schema is None else str(Path(data.schema).expanduser().resolve()),
         "split": data.split,
         "max_ind_range": data.max_ind_range,
@@ -99,11 +88,12 @@ def fingerprint(data: DataConfig) -> dict[str, Any]:
         settings["synthetic"] = dataclasses.asdict(data.synthetic)
     files = input_files(data)
     if data.schema is not None and data.format in ("csv", "parquet"):
-        files.append(existing_path(data.schema, what="schema"))
+        schema = existing_path(data.schema, what="schema")
+        files.append(InputFile(str(schema), schema.stat().st_size, schema.stat().st_mtime_ns))
     return {
         "version": FINGERPRINT_VERSION,
         "settings": settings,
-        "files": [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns, "sampled_sha256": sampled_hash(f)} for f in files],
+        "files": [{"path": f.uri, "size": f.size, "mtime_ns": f.mtime_ns, "sampled_sha256": sampled_hash(f)} for f in files],
     }
 
 

@@ -81,7 +81,7 @@ def read_movielens(path: str | Path, chunk_rows: int = 262_144, strict: bool = F
 
 
 def _chunks(stream: CsvStream, users: _Users, items: _Items) -> Iterator[Chunk]:
-    for batch, first in stream:
+    for batch, line_numbers in stream:
         check = RowCheck(batch.num_rows)
         fields = {}
         for name in _RATING_COLUMNS:
@@ -93,7 +93,7 @@ def _chunks(stream: CsvStream, users: _Users, items: _Items) -> Iterator[Chunk]:
         item = np.clip(np.nan_to_num(fields["item_id"], nan=0), -1, 2**62).astype(np.int64)
         check.flag(~users.known(user), "unknown user id")
         check.flag(~items.known(item), "unknown item id")
-        keep = check.report(stream.malformed, lambda rows: stream.line_numbers(first + rows))
+        keep = check.report(stream.malformed, line_numbers)
         user, item = user[keep], item[keep]
         years = (fields["timestamp"][keep] - COLLECTION_START_S) / SECONDS_PER_YEAR
         dense = np.stack([users.age_z[user], items.year_z[item], years], axis=1).astype(np.float32)

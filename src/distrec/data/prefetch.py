@@ -1,62 +1,36 @@
-"""Producing the items of an iterator ahead of time on a background thread."""
+"""Computing the items of a sequence ahead of time on background threads, yielded in order."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from typing import TypeVar
 
+A = TypeVar("A")
 T = TypeVar("T")
 
-_POLL_S = 0.05  # how often a producer blocked on a full queue checks for a stop request
+THREAD_NAME = "distrec-prefetch"
 
 
-class _End:
-    """Marks the end of the stream; carries the producer's exception, if any."""
+def prefetch(make: Callable[[A], T], args: Iterable[A], depth: int = 2, threads: int = 1) -> Iterator[T]:
+    """Yield ``make(a)`` for each ``a`` of ``args``, in order, computed up to ``depth`` items
+    ahead by ``threads`` background threads (``make`` must release the GIL for them to run at
+    once, as NumPy's copies and numba's ``nogil`` kernels do).
 
-    def __init__(self, error: BaseException | None = None) -> None:
-        self.error = error
-
-
-def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
-    """Yield the items of ``items``, computed up to ``depth`` ahead on a background thread.
-
-    An exception in the producer is re-raised in the consumer. If the consumer stops early
-    (breaks out of its loop or drops the iterator), the producer stops after at most the
-    item it is computing and the thread is joined: no thread outlives the iteration.
+    An exception in ``make`` is raised in the consumer at its item. If the consumer stops early
+    (breaks out of its loop or drops the iterator), the items not started are dropped, the
+    ones being computed finish and the threads are joined: no thread outlives the iteration.
     """
-    buffer: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                buffer.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
+    args = iter(args)
+    with ThreadPoolExecutor(max(threads, 1), thread_name_prefix=THREAD_NAME) as pool:
+        ahead = deque(pool.submit(make, a) for a in islice(args, max(depth, 1)))
         try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_End())
-        except BaseException as e:  # handed to the consumer
-            put(_End(e))
-
-    worker = threading.Thread(target=produce, name="distrec-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = buffer.get()
-            if isinstance(item, _End):
-                if item.error is not None:
-                    raise item.error
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join()
+            while ahead:
+                item = ahead.popleft().result()
+                ahead.extend(pool.submit(make, a) for a in islice(args, 1))
+                yield item
+        finally:
+            for future in ahead:
+                future.cancel()

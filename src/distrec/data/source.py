@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from distrec.errors import DistrecError
-from distrec.kernels import compiled
 
 # How many malformed rows are reported by line number ("the first few").
 REPORTED_MALFORMED_ROWS = 5
@@ -83,6 +82,8 @@ def gather_bags(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tu
     Returns the concatenated values of the selected bags, in the order of ``rows``, and
     their lengths (int64 [len(rows)]), copied bag by bag by ``distrec.kernels.jagged``.
     """
+    from distrec.kernels import compiled  # torch and numba load on first use, not in a process that only parses
+
     return compiled("jagged").gather_bags(values, np.asarray(offsets, np.int64), np.asarray(rows, np.int64))
 
 
@@ -108,6 +109,12 @@ class MalformedRows:
         self.count += int(lines.size)
         smallest = np.sort(lines)[:REPORTED_MALFORMED_ROWS]
         self.first = sorted(self.first + [(int(n), reason) for n in smallest])[:REPORTED_MALFORMED_ROWS]
+
+    def merge(self, other: MalformedRows, line_offset: int = 0) -> None:
+        """Add the rows ``other`` counted, its line numbers moved down by ``line_offset`` (the
+        lines before the part of the input it read)."""
+        self.count += other.count
+        self.first = sorted(self.first + [(n + line_offset, reason) for n, reason in other.first])[:REPORTED_MALFORMED_ROWS]
 
     def raise_if_strict(self) -> None:
         if self.strict and self.count:
@@ -145,6 +152,8 @@ class RowCheck:
         self._reasons: list[tuple[np.ndarray, str]] = []
 
     def flag(self, mask: np.ndarray, reason: str) -> None:
+        if not mask.any():
+            return
         new = mask & ~self.bad
         if new.any():
             self._reasons.append((np.flatnonzero(new), reason))
@@ -167,7 +176,9 @@ class Source:
 
     ``malformed`` is complete once ``chunks`` is exhausted. ``num_rows`` is the row count
     when known in advance (for a progress bar's total), else None; ``fraction_read``, when
-    given, tells how much of the input the chunks so far have consumed (0 to 1).
+    given, tells how much of the input the chunks so far have consumed (0 to 1), and
+    ``lines_read`` how many lines (of a text input; rows of a Parquet file) they took, so
+    that a part of a file can number its lines after the parts before it.
     """
 
     description: dict
@@ -178,6 +189,7 @@ class Source:
     malformed: MalformedRows
     num_rows: int | None = None
     fraction_read: Callable[[], float] | None = None
+    lines_read: Callable[[], int] | None = None
 
 
 def existing_path(path: str | Path, what: str = "data", kind: str = "file") -> Path:

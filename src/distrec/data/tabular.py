@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 import yaml
 
 from distrec.data.columns import bags, hash_strings, parse_numbers
+from distrec.data.filesystems import locate, open_random_access
+from distrec.data.inputs import input_file
 from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, describe_error, existing_path, single_hot
-from distrec.data.textfile import CsvStream, read_header
+from distrec.data.textfile import ByteRange, CsvStream, read_header
 from distrec.errors import DistrecError
 
 # Dense values are stored as float32: larger magnitudes would become infinite.
@@ -119,51 +121,57 @@ def load_schema(path: str | Path) -> TabularSchema:
     return schema
 
 
-def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows: int = 262_144, strict: bool = False) -> Source:
-    """Stream a CSV (plain or .gz) or Parquet file as chunks of at most ``chunk_rows`` rows.
+def read_tabular(
+    path: str | Path, schema_path: str | Path, fmt: str, chunk_rows: int = 262_144, strict: bool = False, byte_range: ByteRange | None = None
+) -> Source:
+    """Stream a CSV (plain or compressed) or Parquet file, local or a URL, as chunks of at most
+    ``chunk_rows`` rows.
 
     Rows with a missing or non-numeric label, a label that is not 0/1 (without a
     threshold), a dense value that is not a number or not finite in float32 (text ``nan``
     and ``inf``, ``1e39``), or (CSV) the wrong column count are skipped and counted; with
-    ``strict`` the first one raises a DistrecError. A missing dense value is 0.
+    ``strict`` the first one raises a DistrecError. A missing dense value is 0. With
+    ``byte_range`` (CSV only) only the lines that start in it are read.
     """
     schema = load_schema(schema_path)
-    path = existing_path(path)
+    uri = input_file(path).uri
     if fmt == "csv":
-        malformed = MalformedRows(path, strict)
-        names = list(schema.columns) if not schema.header else read_header(path, schema.delimiter)
-        _check_columns(schema, names, path, schema_path)
+        malformed = MalformedRows(uri, strict)
+        names = list(schema.columns) if not schema.header else read_header(uri, schema.delimiter)
+        _check_columns(schema, names, uri, schema_path)
         stream = CsvStream(
-            path,
+            uri,
             schema.delimiter,
             True,
             malformed,
             chunk_rows,
-            column_names=None if schema.header else list(schema.columns),
+            column_names=names,
             include=schema.used_columns,
             text_columns=schema.used_columns,
+            byte_range=byte_range,
+            header=schema.header,
         )
-        batches = ((batch, lambda rows, first=first: stream.line_numbers(first + rows)) for batch, first in stream)
+        batches = iter(stream)
         list_columns: set[str] = set()
-        num_rows, fraction_read = None, stream.fraction_read
+        num_rows, fraction_read, lines_read = None, stream.fraction_read, lambda: stream.lines
     elif fmt == "parquet":
-        malformed = MalformedRows(path, strict, unit="row")
+        malformed = MalformedRows(uri, strict, unit="row")
         try:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(open_random_access(locate(uri)))
         except (pa.ArrowInvalid, OSError) as e:
-            raise DistrecError(f"cannot read {path} as Parquet ({describe_error(e)}); check --data-format") from None
+            raise DistrecError(f"cannot read {uri} as Parquet ({describe_error(e)}); check --data-format") from None
         arrow_schema = parquet.schema_arrow
-        _check_columns(schema, arrow_schema.names, path, schema_path)
-        batches = _parquet_batches(parquet, path, schema.used_columns, chunk_rows)
+        _check_columns(schema, arrow_schema.names, uri, schema_path)
+        batches = _parquet_batches(parquet, uri, schema.used_columns, chunk_rows)
         list_columns = {
             c.name for c in schema.categorical if pa.types.is_list(arrow_schema.field(c.name).type) or pa.types.is_large_list(arrow_schema.field(c.name).type)
         }
-        num_rows, fraction_read = parquet.metadata.num_rows, None
+        num_rows, fraction_read, lines_read = parquet.metadata.num_rows, None, None
     else:
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
     features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns) for c in schema.categorical]
     return Source(
-        description={"format": fmt, "path": str(path), "schema": str(Path(schema_path).resolve())},
+        description={"format": fmt, "path": uri, "schema": str(Path(schema_path).resolve())},
         label=schema.label,
         dense=list(schema.dense),
         features=features,
@@ -171,17 +179,18 @@ def read_tabular(path: str | Path, schema_path: str | Path, fmt: str, chunk_rows
         malformed=malformed,
         num_rows=num_rows,
         fraction_read=fraction_read,
+        lines_read=lines_read,
     )
 
 
-def _check_columns(schema: TabularSchema, names: list[str], path: Path, schema_path: str | Path) -> None:
+def _check_columns(schema: TabularSchema, names: list[str], path: str, schema_path: str | Path) -> None:
     missing = [c for c in schema.used_columns if c not in names]
     if missing:
         shown = ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
         raise DistrecError(f"schema {schema_path} names column {missing[0]!r}, which is not in {path} (columns: {shown}); fix the schema")
 
 
-def _parquet_batches(parquet: pq.ParquetFile, path: Path, columns: list[str], chunk_rows: int):
+def _parquet_batches(parquet: pq.ParquetFile, path: str, columns: list[str], chunk_rows: int):
     """(batch, row numbers of its rows) pairs; a corrupt page is a DistrecError naming the row reached."""
     first = 0
     batches = parquet.iter_batches(batch_size=chunk_rows, columns=columns)

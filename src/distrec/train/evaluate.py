@@ -16,6 +16,7 @@ from distrec.components.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
+from distrec.data.inputs import describe_paths
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model
@@ -97,7 +98,7 @@ def scoring_dataset(
     cfg: RunConfig,
     tables: list[TableConfig],
     num_dense: int,
-    data_path: str | None,
+    data_path: str | list[str] | None,
     data_format: str | None,
     schema: str | None = None,
     cache_dir: str | None = None,
@@ -112,7 +113,7 @@ def scoring_dataset(
         DistrecError: the data's dense or sparse features are not the model's.
     """
     if data_path is not None:
-        cfg.data.path = data_path
+        cfg.data.path = data_path[0] if isinstance(data_path, list) and len(data_path) == 1 else data_path
         cfg.data.format = data_format or cfg.data.format
     if schema is not None:
         cfg.data.schema = schema
@@ -138,7 +139,7 @@ def _shown(names: list[str], limit: int = 6) -> str:
 
 def evaluate_checkpoint(
     checkpoint: Path,
-    data_path: str | None,
+    data_path: str | list[str] | None,
     data_format: str | None,
     schema: str | None = None,
     cache_dir: str | None = None,
@@ -148,11 +149,12 @@ def evaluate_checkpoint(
     split: Literal["val", "test", "all"] = "val",
 ) -> dict[str, float | str]:
     """Metrics of a saved model (a run's best one if it kept one, else its last), hashed as in
-    the saved run: on every row of ``data_path``, or, without it, on the run's own data: its
-    ``split`` (``val``, ``test``, split as the run split it, or ``all`` rows).
+    the saved run: on every row of ``data_path`` (a file, directory or glob, or several: e.g.
+    the held-out days), or, without it, on the run's own data: its ``split`` (``val``,
+    ``test``, split as the run split it, or ``all`` rows).
 
-    The result's ``scored`` says which rows (``all rows of PATH``, ``the run's val split``) and
-    ``checkpoint`` which model.
+    The result's ``scored`` says which rows (``all rows of PATH``, ``all rows of 2 paths (A ...
+    B)``, ``the run's val split``) and ``checkpoint`` which model.
     """
     device = default_device()
     model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
@@ -165,5 +167,5 @@ def evaluate_checkpoint(
     elif data_path is None:
         rows, scored = np.arange(dataset.num_rows, dtype=np.int64), "all rows of the run's data"
     else:
-        rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {data_path}"
+        rows, scored = np.arange(dataset.num_rows, dtype=np.int64), f"all rows of {describe_paths(data_path)}"
     return {**evaluate(model, dataset, rows, batch_size, device), "scored": scored, "checkpoint": meta["checkpoint"]}
