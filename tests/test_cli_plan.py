@@ -275,3 +275,10 @@ def test_format_torchrec_writes_the_same_plan_as_torchrec_parameter_shardings(ta
 def test_calibrate_refuses_a_single_device_or_no_budget_before_measuring(tmp_path, capsys, args, message):
     assert message in user_error(capsys, "calibrate", *args, "--out", tmp_path / "cal")
     assert not (tmp_path / "cal").exists()
+
+
+def test_the_commands_algorithm_choices_are_the_planners():
+    from distrec.cli import plan
+    from distrec.planner.api import ALGORITHMS
+
+    assert plan.ALGORITHMS == ALGORITHMS

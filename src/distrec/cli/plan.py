@@ -32,9 +32,13 @@ A table file is a YAML/JSON list of {name, rows, dim, pooling_factor, histogram 
 """
 
 
+ALGORITHMS = ("neuroshard", "random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy", "torchrec")
+"""``distrec.planner.api.ALGORITHMS``, written out: importing the planner here would load torch
+for every command's start (a test keeps the two equal)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from distrec.parallel.torchrec_format import DEFAULT_MODULE
-    from distrec.planner.api import ALGORITHMS
 
     p = sub.add_parser("plan", help="plan how tables are sharded over devices", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     tables = p.add_argument_group("tables (one of --tables or --data)")
