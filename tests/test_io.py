@@ -70,3 +70,22 @@ def test_a_run_removes_the_temporaries_of_a_checkpoint_save_killed_earlier(tmp_p
     assert main(["train", "--resume", str(run), "--max-steps", "3", "--no-progress"]) == 0
     capsys.readouterr()
     assert not any(d.exists() for d in killed) and (run / "checkpoint" / "meta.json").is_file()
+
+
+def test_atomic_writes_respect_the_umask(tmp_path):
+    import os
+
+    from distrec.io import atomic_directory, atomic_path, atomic_write_json
+
+    before = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "summary.json", {"auc": 0.5})
+        with atomic_path(tmp_path / "big.bin") as tmp:
+            tmp.write_bytes(b"x")
+        with atomic_directory(tmp_path / "checkpoint") as d:
+            (d / "meta.json").write_text("{}")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "big.bin").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "checkpoint").stat().st_mode & 0o777 == 0o755

@@ -19,6 +19,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    """This process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _permissions_as_created(path: str | Path, directory: bool = False) -> None:
+    """Give a temporary file (0600) or directory (0700) the mode a plain ``open`` or ``mkdir``
+    would have: 0666 or 0777 less the umask, so shared run directories stay shared."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
     path = Path(path)
@@ -29,6 +42,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _permissions_as_created(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -46,6 +60,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    _permissions_as_created(tmp)
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -123,6 +138,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(path)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    _permissions_as_created(tmp, directory=True)
     try:
         yield tmp
         publish_directory(tmp, path)
