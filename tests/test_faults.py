@@ -290,3 +290,14 @@ def test_resume_refuses_a_tower_partition_that_changed_since_the_run(tmp_path):
     towers.unlink()
     with pytest.raises(DistrecError, match="no longer loads"):
         resume_config(tmp_path / "run", None, 5, None)
+
+
+def test_a_second_distrec_cannot_train_into_a_run_directory_in_use(tmp_path, capsys):
+    from distrec.cli.train import holding_run
+
+    run = tmp_path / "run"
+    with holding_run(run):  # as a training distrec holds it
+        code = main(["train", "--preset", "tiny", "--max-steps", "1", "--no-progress", "--out", str(run), "--overwrite"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"is training in {str(run)!r}; wait for it to end, or pass another --out" in err[0]
+    assert not run.exists()

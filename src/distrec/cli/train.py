@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -10,13 +11,17 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
 from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure
 from distrec.cli.flags import FLAGS, add_flags
 from distrec.errors import DistrecError
+
+if TYPE_CHECKING:
+    from distrec.config import RunConfig
 
 EXAMPLES = """
 examples:
@@ -148,11 +153,7 @@ def _check_out(out: Path) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data.fingerprint import check_run_data, resolve_paths
-    from distrec.parallel.comm import exit_without_finalizing, init_from_env, leave_process_group, naming_silent_ranks
-    from distrec.train.evaluate import default_device
-    from distrec.train.loop import train
-    from distrec.train.run import check_run, resume_config
-    from distrec.train.tensorboard import require_tensorboard
+    from distrec.train.run import resume_config
 
     check_at_least("--max-restarts", args.max_restarts, 0)
     check_at_least("--nproc-per-node", args.nproc_per_node, 1)
@@ -177,6 +178,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         cfg = config_from_args(args)
         resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
+    with holding_run(out) if "LOCAL_RANK" not in os.environ else nullcontext():  # workers run under their launcher's lock
+        return _train_into(args, argv, cfg, out)
+
+
+def _train_into(args: argparse.Namespace, argv: list[str], cfg: RunConfig, out: Path) -> int:
+    """Train ``cfg`` into ``out``: here, or in launched workers with ``--nproc-per-node``."""
+    from distrec.parallel.comm import exit_without_finalizing, init_from_env, leave_process_group, naming_silent_ranks
+    from distrec.train.evaluate import default_device
+    from distrec.train.loop import train
+    from distrec.train.run import check_run
+    from distrec.train.tensorboard import require_tensorboard
+
     if not (args.resume or args.overwrite or _restart_count() > 0):
         _check_out(out)
     if cfg.train.tensorboard:
@@ -199,6 +212,26 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if "LOCAL_RANK" in os.environ:  # a worker that used a process group
         exit_without_finalizing(0)
     return 0
+
+
+@contextmanager
+def holding_run(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the run directory ``out`` for the block (``.NAME.lock`` beside
+    it, with this process's pid), so that no second distrec trains into it meanwhile."""
+    lock = out.parent / f".{out.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise DistrecError(f"another distrec (pid {holder}) is training in {str(out)!r}; wait for it to end, or pass another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def dmt_line(cost: dict) -> str:
