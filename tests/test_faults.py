@@ -301,3 +301,14 @@ def test_a_second_distrec_cannot_train_into_a_run_directory_in_use(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"is training in {str(run)!r}; wait for it to end, or pass another --out" in err[0]
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "argv", [["train", "--preset", "tiny", "--max-steps", "1", "--no-progress", "--out"], ["data", "synth", "--rows", "10", "--no-progress", "-o"]]
+)
+def test_a_path_under_a_file_is_one_line_naming_it(tmp_path, capsys, argv):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main([*argv, str(blocker / "inside" / "x.parquet")])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
+    assert code == 2 and len(err) == 1 and "a-file" in err[0] and "Traceback" not in err[0]

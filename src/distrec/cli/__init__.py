@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except DistrecError as e:
         failures.report(f"distrec: error: {e}")
         return 2
+    except OSError as e:
+        if e.filename is None:  # not about a path the user can fix
+            raise
+        failures.report(f"distrec: error: {failures.os_error_line(e)}")
+        return 2
     except KeyboardInterrupt as e:
         status = failures.report_interrupted(e)
         if failures.in_worker():  # stopped mid-step, its gloo and data-loader threads may still want the GIL

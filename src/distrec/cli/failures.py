@@ -10,6 +10,7 @@ the last one stays intact).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -133,3 +134,23 @@ def announcing_restarts(max_restarts: int, directory: Path, resume_point: Callab
         yield
     finally:
         logger.removeFilter(announcer)
+
+
+FILE_SIZE_LIMIT = getattr(errno, "EFBIG", 27)
+
+
+def os_error_line(error: OSError) -> str:
+    """One line for a failed read or write of a file: what failed, on which path, and the fix."""
+    path = error.filename if error.filename2 is None else f"{error.filename} -> {error.filename2}"
+    fixes = {
+        errno.ENOSPC: "free space there or choose another location",
+        errno.EDQUOT: "free space there or choose another location",
+        FILE_SIZE_LIMIT: "raise the file size limit (ulimit -f) or choose another location",
+        errno.EROFS: "the file system is read-only; choose a writable location",
+        errno.EACCES: "check the permissions of the path, or choose another location",
+        errno.EPERM: "check the permissions of the path, or choose another location",
+        errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+        errno.EEXIST: "a file stands where a directory is needed; choose another path",
+        errno.ENOENT: "check the path",
+    }
+    return f"{error.strerror or type(error).__name__} at {str(path)!r}; {fixes.get(error.errno or 0, 'check the path and its file system')}"

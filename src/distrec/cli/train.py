@@ -219,8 +219,11 @@ def holding_run(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on the run directory ``out`` for the block (``.NAME.lock`` beside
     it, with this process's pid), so that no second distrec trains into it meanwhile."""
     lock = out.parent / f".{out.name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise DistrecError(f"cannot write a run directory at {str(out)!r} ({e.strerror}); pass an --out in a writable directory") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
