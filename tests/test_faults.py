@@ -312,3 +312,17 @@ def test_a_path_under_a_file_is_one_line_naming_it(tmp_path, capsys, argv):
     code = main([*argv, str(blocker / "inside" / "x.parquet")])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
     assert code == 2 and len(err) == 1 and "a-file" in err[0] and "Traceback" not in err[0]
+
+
+def test_evaluate_refuses_the_runs_own_rows_once_its_data_changed(shared_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "criteo.tsv"
+    shutil.copy(shared_data / "criteo" / "criteo_kaggle_tiny.tsv", data)
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--data-format", "criteo", "--data", str(data), "--max-steps", "2", "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[1:] + lines[:1]))  # the same rows, edited order: other val rows
+    code = main(["evaluate", "--checkpoint", str(run), "--no-progress"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
+    assert code == 2 and len(err) == 1 and "cannot score the run's own rows on different data" in err[0]

@@ -97,11 +97,12 @@ def fingerprint(data: DataConfig) -> dict[str, Any]:
     }
 
 
-def check_same_data(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raise a one-line DistrecError naming the first difference between two fingerprints."""
+def check_same_data(saved: dict[str, Any], current: dict[str, Any], doing: str = "resume") -> None:
+    """Raise a one-line DistrecError naming the first difference between two fingerprints
+    (``doing``: what would use the different data, e.g. ``resume``)."""
 
     def refuse(what: str) -> DistrecError:
-        return DistrecError(f"cannot resume on different data: {what}; restore it, or train a new run with --out")
+        return DistrecError(f"cannot {doing} on different data: {what}; restore it, or train a new run with --out")
 
     if saved.get("version") != current["version"]:
         raise DistrecError(f"the run's {DATA_FILE} has version {saved.get('version')!r}, this distrec writes {current['version']}; train a new run with --out")
@@ -140,3 +141,13 @@ def check_run_data(run_dir: Path, data: DataConfig) -> None:
     if not isinstance(saved, dict):
         raise DistrecError(f"data fingerprint {str(path)!r} is not a JSON object; restore it or train a new run with --out")
     check_same_data(saved, fingerprint(data))
+
+
+def check_scored_data(run_dir: Path, data: DataConfig) -> None:
+    """Refuse (DistrecError) to score "the run's own rows" of ``run_dir`` when ``data`` is no
+    longer the data it trained on (a run without ``data.json`` is not checked)."""
+    path = Path(run_dir) / DATA_FILE
+    if path.is_file():
+        saved = read_json(path, "data fingerprint", "pass --data", "pass --data")
+        if isinstance(saved, dict):
+            check_same_data(saved, fingerprint(data), doing="score the run's own rows")

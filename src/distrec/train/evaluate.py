@@ -16,6 +16,7 @@ from distrec.components.checkpoint import find_checkpoint, load_state, read_meta
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
+from distrec.data.fingerprint import check_scored_data
 from distrec.data.inputs import describe_paths
 from distrec.errors import DistrecError
 from distrec.models.base import RecommendationModel
@@ -158,6 +159,8 @@ def evaluate_checkpoint(
     """
     device = default_device()
     model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
+    if data_path is None:  # the run's own rows: only while its data is what it trained on
+        check_scored_data(Path(meta["checkpoint"]).parent, cfg.data)
     dataset = scoring_dataset(cfg, tables, meta["num_dense"], data_path, data_format, schema, cache_dir, strict, progress)
     if data_path is None and split != "all":
         splits = split_rows(dataset, cfg)
