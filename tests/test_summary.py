@@ -27,3 +27,12 @@ def test_a_metrics_log_cut_short_drops_its_last_line_on_resume(tmp_path, capsys)
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(DistrecError, match="line 2 is not a metrics record"):
         MetricsLog(path, keep_through_step=2)
+
+
+def test_a_summary_names_the_model_its_metrics_describe():
+    from distrec.train.summary import reported_model
+
+    assert reported_model(10, {"auc": 0.7}, None, {}) == {"model": "last"}
+    assert reported_model(10, {"auc": 0.7}, 10, {"auc": 0.7}) == {"model": "last", "best_step": 10}
+    best = reported_model(15, {"auc": 0.6, "logloss": 0.5}, 10, {"auc": 0.7})
+    assert best["model"] == "best" and best["best_step"] == 10 and best["last"]["step"] == 15 and best["last"]["auc"] == 0.6

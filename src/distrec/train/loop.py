@@ -43,7 +43,7 @@ from distrec.train.finite_loss import FiniteLossCheck
 from distrec.train.interrupts import RunRequests, StopRequested
 from distrec.train.length import Position, resolve_length
 from distrec.train.run import MetricsLog, peak_rss_per_rank, prepare_per_host, seed_everything, split_rows
-from distrec.train.summary import Summary, breakdown_description
+from distrec.train.summary import Summary, breakdown_description, reported_model
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,8 @@ class Trainer:
         """Save, report the best model when early stopping kept one, score the test split and
         write the breakdown and the summary; the summary on rank 0."""
         self._save()
-        if self.best.step is not None and self.best.step != self.position.step:
+        reported = reported_model(self.position.step, last_val, self.best.step, self.best.metrics)
+        if reported["model"] == "best":
             self.checkpointer.restore_model(self.out / BEST_DIR)  # report (and test) the best model
             last_val = self.best.metrics
         test = self._evaluate_and_log(log, "test")
@@ -232,7 +233,7 @@ class Trainer:
             all_to_all_bytes=self.all_to_all_bytes,
             peak_rss_bytes_per_rank=peak_rss,
             stopping=self.length.stopping(self.best),
-            extra=self.telemetry.summary(),
+            extra={**reported, **self.telemetry.summary()},
             test=test,
         ).to_dict()
         atomic_write_json(self.out / run_files.SUMMARY_FILE, summary)

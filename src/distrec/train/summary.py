@@ -71,3 +71,12 @@ def breakdown_description(world_size: int, embeddings: str, plan: ShardingPlan |
     if not sent["gradient_all_reduce"]:  # a mode that reduces its own gradients (Hotline) charged its real bytes
         sent["gradient_all_reduce"] = dense_bytes
     return {"label": label, "world_size": world_size, "embeddings": embeddings, "batch_size": batch_size, "bytes_per_step": sent}
+
+
+def reported_model(step: int, last: dict[str, float], best_step: int | None, best: dict[str, float]) -> dict[str, Any]:
+    """Which model a summary's metrics describe, named in it: the best one kept in ``best/``
+    (early stopping's, from ``best_step``) when it is not the last, with the last model's step
+    and metrics beside it; else the last one (``checkpoint/``)."""
+    if best_step is None or best_step == step:
+        return {"model": "last"} if best_step is None else {"model": "last", "best_step": best_step}
+    return {"model": "best", "best_step": best_step, "last": {"step": step, **{k: _number(last.get(k)) for k in METRICS}}}
