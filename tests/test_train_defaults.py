@@ -97,3 +97,17 @@ def test_a_run_of_fixed_length_keeps_no_best_model(tmp_path, capsys):
     assert main(["train", *SMALL, "--max-steps", "6", "--eval-every", "2", "--out", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == "reached --max-steps" and "best_step" not in summary and not (run / "best").exists()
+
+
+def test_overfitting_is_warned_once_by_a_rising_loss_or_an_ne_above_one():
+    from distrec.train.early_stopping import OverfitWatch
+
+    watch = OverfitWatch(min_steps=100)
+    assert watch.check({"logloss": 0.50, "ne": 0.9}, 10) is None
+    assert watch.check({"logloss": 0.51, "ne": 0.9}, 20) is None
+    assert watch.check({"logloss": 0.52, "ne": 0.9}, 30) is None
+    assert "rose for 3 evaluations in a row at step 40" in watch.check({"logloss": 0.53, "ne": 0.9}, 40)
+    assert watch.check({"logloss": 0.54, "ne": 1.2}, 150) is None  # once per run
+    early, late = OverfitWatch(min_steps=100), OverfitWatch(min_steps=100)
+    assert early.check({"logloss": 0.7, "ne": 1.1}, 50) is None  # before an epoch: not yet
+    assert "NE is 1.100" in late.check({"logloss": 0.7, "ne": 1.1}, 150)

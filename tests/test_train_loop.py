@@ -123,3 +123,10 @@ def test_one_process_says_which_multi_process_settings_it_ignores_and_a_resume_s
     train("--resume", tmp_path / "run", "--max-steps", 5, "--no-progress")
     err = capsys.readouterr().err
     assert f"resuming from step 3 of {tmp_path / 'run' / 'checkpoint'}\n" in err
+
+
+def test_an_exploding_finite_loss_stops_the_run_as_a_nan_does(tmp_path, capsys):
+    """The default optimizers at --lr 1e4 reach losses of 1e27 without a NaN."""
+    code = main(["train", *TINY, "--lr", "1e4", "--optimizer", "adam", "--max-steps", "30", "--out", str(tmp_path / "run")])
+    error = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
+    assert code == 2 and len(error) == 1 and "training diverged, lower the learning rate" in error[0]

@@ -232,7 +232,10 @@ def holding_run(out: Path) -> Iterator[None]:
             raise DistrecError(f"another distrec (pid {holder}) is training in {str(out)!r}; wait for it to end, or pass another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # before the lock goes: a newcomer then makes its own file
     finally:
         os.close(fd)
 

@@ -1,4 +1,5 @@
-"""The best validation AUC so far, and when to stop training for lack of progress."""
+"""The best validation AUC so far, when to stop training for lack of progress, and when to warn
+that a run of fixed length is overfitting."""
 
 from __future__ import annotations
 
@@ -42,3 +43,34 @@ class BestModel:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.auc, self.step, self.metrics, self.since_best = float(state["auc"]), state["step"], dict(state["metrics"]), int(state["since_best"])
+
+
+class OverfitWatch:
+    """Warns, once per run, when validation says the model got worse than it was: its loss rose
+    for ``rises`` evaluations in a row, or its normalized entropy exceeds 1 (worse than always
+    predicting the click rate) after at least ``min_steps`` steps (an epoch: earlier, a model
+    may not have learned the rate yet)."""
+
+    def __init__(self, min_steps: int, rises: int = 3) -> None:
+        self.min_steps, self.rises = min_steps, rises
+        self.losses: list[float] = []
+        self.warned = False
+
+    def check(self, metrics: dict[str, float], step: int) -> str | None:
+        """The warning for this evaluation at ``step``, if one is due (then never again)."""
+        self.losses.append(metrics.get("logloss", math.nan))
+        recent = self.losses[-self.rises - 1 :]
+        rising = len(recent) == self.rises + 1 and all(b > a for a, b in zip(recent, recent[1:]))
+        ne = metrics.get("ne", math.nan)
+        if self.warned or not (rising or (step >= self.min_steps and ne > 1)):
+            return None
+        self.warned = True
+        what = (
+            f"the validation loss rose for {self.rises} evaluations in a row"
+            if rising
+            else f"the validation NE is {ne:.3f} (above 1: worse than predicting the click rate)"
+        )
+        return (
+            f"{what} at step {step}: the model is overfitting or the learning rate is too high; train until the validation AUC stops "
+            "improving (no --epochs or --max-steps), which keeps the best model, or lower --lr"
+        )

@@ -1,5 +1,5 @@
-"""FiniteLossCheck: stop a run whose training loss became NaN or infinite, without reading the
-loss back from the device at every step.
+"""FiniteLossCheck: stop a run whose training loss became NaN, infinite or absurdly large
+(``LARGEST_LOSS``), without reading the loss back from the device at every step.
 
 The losses stay on the device until a check, which the trainer runs where it reads the
 device anyway or must not go on: at the logging interval, before every checkpoint and
@@ -16,6 +16,10 @@ from distrec.errors import DistrecError
 
 MOST_PENDING = 100
 """Steps at most between two checks: bounds the losses kept and the steps trained after a divergence."""
+
+LARGEST_LOSS = 1e4
+"""A mean binary cross-entropy above this is a diverged run even when finite: a loss near it
+needs logits of about that size, where a constant prediction of the click rate scores below 1."""
 
 
 class FiniteLossCheck:
@@ -42,7 +46,7 @@ class FiniteLossCheck:
             return
         losses = torch.cat(self.pending)
         self.pending = []
-        finite = torch.isfinite(losses).to(torch.int32)
+        finite = (torch.isfinite(losses) & (losses.abs() <= LARGEST_LOSS)).to(torch.int32)
         if self.distributed:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         flags = finite.tolist()

@@ -37,7 +37,7 @@ from distrec.parallel.comm import init_from_env, mean_over_ranks
 from distrec.parallel.mode import RunContext, merged, parallelize
 from distrec.train import run as run_files
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
-from distrec.train.early_stopping import BestModel
+from distrec.train.early_stopping import BestModel, OverfitWatch
 from distrec.train.evaluate import default_device, evaluate_sharded
 from distrec.train.finite_loss import FiniteLossCheck
 from distrec.train.interrupts import RunRequests, StopRequested
@@ -87,7 +87,7 @@ class Trainer:
         self.telemetry = merged(parallel.telemetry)
         self.timer.watch_embeddings(self.model.embeddings, self.telemetry.exchange)
         self.position = Position()
-        self.best = BestModel(cfg.train.patience)
+        self.best, self.overfit = BestModel(cfg.train.patience), OverfitWatch(self.length.steps_per_epoch)
         parts = {"progress": self.position, "rng": RandomGenerators(), "best": self.best}
         self.checkpointer = Checkpointer(self.out, self.mode, parallel.checkpoint, parts, self._run_meta)
         self.all_to_all_bytes = 0  # sent by this rank's embedding exchanges in this invocation's training steps
@@ -266,6 +266,8 @@ class Trainer:
             log.write({"step": self.position.step, "epoch": self.position.epoch, "split": split, **result})
         if result and split == "val" and self.length.until_converged and self.best.update(result, self.position.step):
             self.checkpointer.save(BEST_DIR)
+        if result and split == "val" and self.rank == 0 and (warning := self.overfit.check(result, self.position.step)):
+            logger.warning(warning)
         return result
 
     def _done(self) -> bool:
