@@ -284,7 +284,7 @@ def test_evaluate_errors(capsys, tmp_path, criteo_run, shared_data):
 
 
 def test_train_with_tower_modules_prints_the_dmt_costs(capsys, tmp_path):
-    status, stdout, _ = run_cli(
+    status, stdout, stderr = run_cli(
         capsys,
         "train",
         *TINY_RUN,
@@ -302,7 +302,8 @@ def test_train_with_tower_modules_prints_the_dmt_costs(capsys, tmp_path):
         tmp_path / "run",
     )
     assert status == 0
-    line, last = stdout.strip().splitlines()[-2:]
+    (last,) = stdout.strip().splitlines()  # the JSON line alone
+    line = next(line for line in stderr.splitlines() if line.startswith("DMT ("))
     cost = json.loads(last)["dmt"]
     assert line.startswith("DMT (dlrm towers") and f"{cost['compression']:.2f}x" in line
     assert cost["baseline_dense_parameters"] < cost["dense_parameters"]

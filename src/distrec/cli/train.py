@@ -207,7 +207,7 @@ def _train_into(args: argparse.Namespace, argv: list[str], cfg: RunConfig, out: 
         raise Interrupted(getattr(e, "signum", signal.SIGINT), _what_was_kept(out)) from None
     if summary is not None:
         if "dmt" in summary:
-            print(dmt_line(summary["dmt"]))
+            print(dmt_line(summary["dmt"]), file=sys.stderr)  # standard output holds the JSON line only
         print(json.dumps(summary))
     if "LOCAL_RANK" in os.environ:  # a worker that used a process group
         exit_without_finalizing(0)
