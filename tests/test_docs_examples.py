@@ -52,6 +52,9 @@ HELP_NOT_RUN = {
     "distrec plan --tables tables.yaml": "tables.yaml stands for the user's table list",
     "distrec plan --data day_0.gz": "day_0.gz stands for a Criteo day file",
     "distrec train --data day_0.gz": "day_0.gz stands for a Criteo day file",
+    "distrec data prepare --data-format criteo --data 'criteo/day_": "criteo/day_*.gz stands for Criteo's day files",
+    "distrec data prepare --data-format parquet --data s3://": "an object store this machine cannot reach",
+    "distrec evaluate --checkpoint runs/terabyte": "runs/terabyte stands for a run on Criteo's day files",
     # --- run directories that no example before them creates ---
     "distrec partition --checkpoint runs/synth": "no example trains runs/synth",
 }

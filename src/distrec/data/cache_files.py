@@ -103,6 +103,8 @@ class CacheWriter:
 
 def write_at(fd: int, array: np.ndarray, offset: int) -> None:
     """Write the bytes of a contiguous array at byte ``offset`` of an open file, whole."""
+    if array.nbytes == 0:  # e.g. no dense columns: a view with a zero in its shape cannot be cast
+        return
     view = memoryview(array).cast("B")
     while view.nbytes:
         written = os.pwrite(fd, view, offset)
