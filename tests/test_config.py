@@ -136,3 +136,8 @@ def test_parse_bytes():
     assert parse_bytes("4096") == 4096
     with pytest.raises(DistrecError):
         parse_bytes("12 parsecs")
+
+
+def test_a_yes_or_no_is_not_a_number():
+    with pytest.raises(DistrecError, match="train.max_steps' expects int, got True"):
+        config.load(None, ["train.max_steps=true"])

@@ -637,8 +637,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                 raise ValueError
             return bool(value)
         if hint is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
+            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+                raise ValueError  # YAML's true is no step count
             if isinstance(value, str):
                 value = float(value) if any(c in value for c in ".eE") else int(value)
                 if isinstance(value, float) and not value.is_integer():
