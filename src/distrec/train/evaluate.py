@@ -65,8 +65,7 @@ def evaluate_sharded(
 
 def evaluate(model: torch.nn.Module, dataset: Dataset, rows: np.ndarray, batch_size: int, device: torch.device) -> dict[str, float]:
     """Click metrics of ``model`` on the given rows of ``dataset`` (one process)."""
-    labels, probs = predict(model, dataset.batches(rows, batch_size, shuffle=False), device)
-    return click_metrics(labels, probs)
+    return evaluate_sharded(model, dataset, rows, batch_size, device, rank=0, world_size=1)
 
 
 def load_trained_model(

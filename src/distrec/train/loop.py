@@ -258,16 +258,16 @@ class Trainer:
         return {**metrics, **self.telemetry.evaluation()}
 
     def _evaluate_and_log(self, log: MetricsLog | None, split: str = "val") -> dict[str, float]:
-        """Evaluate ``split`` and log it; a better validation AUC than before, in a run without
-        a fixed length, is saved as ``best/``."""
+        """Evaluate ``split`` and log it; on "val", keep a better model as ``best/`` (early stopping) and warn of overfitting."""
         self._check_losses()
         result = self.evaluate_split(split)
         if result and log is not None:
             log.write({"step": self.position.step, "epoch": self.position.epoch, "split": split, **result})
-        if result and split == "val" and self.length.until_converged and self.best.update(result, self.position.step):
-            self.checkpointer.save(BEST_DIR)
-        if result and split == "val" and self.rank == 0 and (warning := self.overfit.check(result, self.position.step)):
-            logger.warning(warning)
+        if result and split == "val":
+            if self.length.until_converged and self.best.update(result, self.position.step):
+                self.checkpointer.save(BEST_DIR)
+            if self.rank == 0 and (warning := self.overfit.check(result, self.position.step)):
+                logger.warning(warning)
         return result
 
     def _done(self) -> bool:
