@@ -103,6 +103,7 @@ CONFIG_FIELDS = {
     "sync_every": "parallel.sync_every",
     "replica_average": "parallel.replica_average",
     "timeout_seconds": "parallel.timeout_seconds",
+    "table_dtype": "model.table_dtype",
     "tower_module": "model.tower_module",
     "compression": "model.tower_compression",
     "tower_dim": "model.tower_dim",

@@ -64,10 +64,10 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def empty_table(num_rows: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """An uninitialised float32 [num_rows, dim] table; on a Linux CPU, backed by huge pages
+def empty_table(num_rows: int, dim: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised [num_rows, dim] table of ``dtype``; on a Linux CPU, backed by huge pages
     where the kernel has them (see the module doc). Fill it before reading it."""
-    table = torch.empty(num_rows, dim, device=device)
+    table = torch.empty(num_rows, dim, device=device, dtype=dtype)
     size = table.numel() * table.element_size()
     libc = _libc() if table.device.type == "cpu" and sys.platform.startswith("linux") and size >= HUGE_PAGE_BYTES else None
     if libc is not None:

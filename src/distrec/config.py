@@ -30,6 +30,9 @@ Optimizer = Literal["sgd", "adagrad", "adam"]
 Arch = Literal["dlrm", "dcn"]
 """A model family: DLRM (Naumov et al., 2019) or DCN-v2 (Wang et al., WWW 2021)."""
 
+TableDtype = Literal["fp32", "fp16", "bf16"]
+"""How embedding rows are stored: float32, IEEE half (10-bit mantissa, largest 65504) or
+bfloat16 (7-bit mantissa, float32's range)."""
 TableSharding = Literal["table_wise", "column_wise", "row_wise"]
 """How a table is split over ranks: whole tables, column blocks or row blocks."""
 
@@ -150,6 +153,9 @@ class ModelConfig:
     """Model family: DLRM or DCN-v2."""
     embedding_dim: int = 16
     """Width of every embedding row, in floats."""
+    table_dtype: TableDtype = "fp32"
+    """How embedding rows are stored: fp32, or fp16 / bf16 for half the memory (pooled, differentiated
+    and updated in float32, rounded stochastically when written; the optimizer's state stays float32)."""
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64])
     """Hidden widths of DLRM's bottom MLP over the dense features.
 

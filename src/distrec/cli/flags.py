@@ -57,6 +57,7 @@ FLAGS: list[Flag] = [
     Flag("--optimizer", "train.optimizer"),
     Flag("--eval-every", "train.eval_every", metavar="N"),
     Flag("--seed", "train.seed", metavar="S"),
+    Flag("--table-dtype", "model.table_dtype"),
     Flag("--tensorboard", "train.tensorboard"),
     Flag("--timeout-seconds", "parallel.timeout_seconds", metavar="S", group="distributed"),
     Flag("--plan", "parallel.plan", metavar="FILE", group="distributed"),

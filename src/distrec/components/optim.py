@@ -21,6 +21,7 @@ from distrec.kernels import compiled, runs_compiled
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
+from distrec.table_dtype import add_to_rows, compute_dtype, is_half, rounding_generator
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
 
@@ -99,7 +100,7 @@ def with_row_weight_decay(param: torch.Tensor, grad: torch.Tensor, weight_decay:
     rows that are not looked up are neither updated nor decayed.
     """
     rows, values = coalesced_rows(grad)
-    values = torch.addcmul(values, param.index_select(0, rows), values.new_tensor(weight_decay))
+    values = torch.addcmul(values, param.index_select(0, rows).to(values.dtype), values.new_tensor(weight_decay))
     return torch.sparse_coo_tensor(rows.unsqueeze(0), values, grad.shape, is_coalesced=True, check_invariants=False)
 
 
@@ -112,6 +113,12 @@ class SparseRowOptimizer(Optimizer):
     Those with a one-pass kernel (``update_rows``) can also step in backward
     (``update_in_backward``): float32 CPU weights without weight decay then get no gradient,
     and ``step`` has nothing left to do for them.
+
+    Rows of a half-precision table (fp16, bf16: ``distrec.table_dtype``) are updated in
+    float32 and rounded stochastically when written (``add_to_rows``); the random stream of
+    a write is keyed by the parameter's place in its group, the group's ``rounding_steps``
+    (the steps that wrote half rows, saved with the hyperparameters so a resume rounds as
+    the run did) and the block of rows. The state stays float32.
     """
 
     fuses_rows: bool = False
@@ -148,17 +155,31 @@ class SparseRowOptimizer(Optimizer):
     def step(self, closure=None):
         loss = evaluate_closure(closure)
         for group in self.param_groups:
+            rounded = False
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 grad = with_row_weight_decay(p, p.grad, group["weight_decay"]) if group["weight_decay"] else p.grad
                 self.update(p, grad, group, self.state[p])
+                rounded |= is_half(p)
+            if rounded:
+                group["rounding_steps"] = group.get("rounding_steps", 0) + 1
         return loss
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("weight_decay", 0.0)  # state saved before weight decay existed
+
+    def add_to_rows(self, param: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, group: dict, block: int) -> None:
+        """``param[rows] += delta`` (float32 [n, D]) for distinct ``rows`` [n], the ``block``-th
+        such write of this step: added in place in a float32 table, rounded stochastically
+        into a half one."""
+        if not is_half(param):
+            add_to_distinct_rows(param, rows, delta)
+            return
+        key = next(i for i, q in enumerate(group["params"]) if q is param)
+        add_to_rows(param, rows, delta, rounding_generator([key, block], group.get("rounding_steps", 0), param.device))
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
         """Apply one step to the rows of ``param`` that ``grad`` touches: the one-pass kernel
@@ -192,8 +213,11 @@ class SparseSGD(SparseRowOptimizer):
 
     def update_with_operators(self, param, grad, group, state):
         entries = gradient_rows(grad)
+        if is_half(param):
+            for block, (rows, values) in enumerate(row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK)):
+                self.add_to_rows(param, rows, values * -group["lr"], group, block)
         # index_add_ without alpha takes the vectorised path; with alpha it does not on CPU
-        if has_distinct_rows(grad):  # scattered by all threads
+        elif has_distinct_rows(grad):  # scattered by all threads
             for rows, values in row_blocks(*entries, DISTINCT_ROWS_PER_BLOCK):
                 add_to_distinct_rows(param, rows, values * -group["lr"])
         else:  # rows may repeat, so one thread adds them in order
@@ -229,7 +253,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
     def accumulator(param: torch.Tensor, group: dict, state: dict) -> torch.Tensor:
         """The row accumulator of ``param`` (made at its first step)."""
         if not state:
-            state["sum"] = torch.full((param.shape[0],), group["initial_accumulator_value"], dtype=param.dtype, device=param.device)
+            state["sum"] = torch.full((param.shape[0],), group["initial_accumulator_value"], dtype=compute_dtype(param), device=param.device)
         return state["sum"]
 
     def update_rows(self, param, rows, bounds, picks, grad, group, state):
@@ -237,10 +261,10 @@ class RowWiseAdagrad(SparseRowOptimizer):
 
     def update_with_operators(self, param, grad, group, state):
         accumulator = self.accumulator(param, group, state)
-        for rows, g in row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK):
+        for block, (rows, g) in enumerate(row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK)):
             add_to_distinct_rows(accumulator, rows, torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1]))
             scale = accumulator.index_select(0, rows).sqrt_().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
-            add_to_distinct_rows(param, rows, g * scale.unsqueeze(1))
+            self.add_to_rows(param, rows, g * scale.unsqueeze(1), group, block)
 
 
 class LazyAdam(SparseRowOptimizer):
@@ -268,8 +292,8 @@ class LazyAdam(SparseRowOptimizer):
     def update_with_operators(self, param, grad, group, state):
         if not state:
             state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(param)
-            state["exp_avg_sq"] = torch.zeros_like(param)
+            state["exp_avg"] = torch.zeros_like(param, dtype=compute_dtype(param))
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=compute_dtype(param))
         beta1, beta2 = group["betas"]
         state["step"] += 1
         step = state["step"]
@@ -277,7 +301,7 @@ class LazyAdam(SparseRowOptimizer):
         sqrt_c2 = math.sqrt(1 - beta2**step)
         eps = group["eps"] * sqrt_c2
         scale = -group["lr"] * sqrt_c2 / (1 - beta1**step)
-        for rows, g in row_blocks(*coalesced_rows(grad)):
+        for block, (rows, g) in enumerate(row_blocks(*coalesced_rows(grad))):
             # the moments move by deltas: index_add_ is the fastest row scatter on CPU
             old = state["exp_avg"].index_select(0, rows)
             exp_avg = torch.lerp(old, g, 1 - beta1)
@@ -285,7 +309,11 @@ class LazyAdam(SparseRowOptimizer):
             old = state["exp_avg_sq"].index_select(0, rows)
             exp_avg_sq = torch.lerp(old, g * g, 1 - beta2)
             state["exp_avg_sq"].index_add_(0, rows, old.neg_().add_(exp_avg_sq))
-            param.index_add_(0, rows, exp_avg.div_(exp_avg_sq.sqrt_().add_(eps)).mul_(scale))
+            step_of_rows = exp_avg.div_(exp_avg_sq.sqrt_().add_(eps)).mul_(scale)
+            if is_half(param):
+                self.add_to_rows(param, rows, step_of_rows, group, block)
+            else:
+                param.index_add_(0, rows, step_of_rows)
 
 
 def optimizer_of(optimizers: list[Optimizer], params: list[nn.Parameter]) -> Optimizer | None:

@@ -55,9 +55,10 @@ def replicated_hot_embeddings(
 ) -> ReplicatedHotEmbedding:
     """The model's tables sharded by ``plan`` behind an (empty) replicated hot table, made
     from the model's own initialisation like ``parallelize_model`` does (``model``'s tables
-    may be one-row stand-ins: only their seed is used)."""
+    may be one-row stand-ins: only their seed and dtype are used)."""
     initializer = model.embeddings.initializer.for_tables(tables)
-    return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device))
+    dtype = model.embeddings.weight.dtype
+    return ReplicatedHotEmbedding(ShardedEmbeddingBagCollection.from_initializer(tables, plan, initializer, group, device, dtype))
 
 
 class DistributedHotlineTraining:

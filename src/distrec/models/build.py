@@ -10,6 +10,7 @@ from distrec.models.base import RecommendationModel
 from distrec.models.dcn import DCN
 from distrec.models.dlrm import DLRM
 from distrec.models.dmt import TowerLayout, tower_spec
+from distrec.table_dtype import torch_dtype
 from distrec.tables import TableConfig
 
 
@@ -25,6 +26,7 @@ def build_model(
     Every table must have ``dim == model_cfg.embedding_dim`` (build the tables with it).
     With ``model_cfg.tower_module`` set it is the DMT form of the model (DMT-DLRM, DMT-DCN)
     over ``towers`` (feature indices of each tower, see ``distrec.towers.partition.resolve_towers``).
+    Its table rows are stored as ``model_cfg.table_dtype``.
 
     Example:
         >>> cfg = ModelConfig(); apply_preset(cfg, "tiny")
@@ -50,6 +52,7 @@ def build_model(
             model_cfg.self_interaction,
             device=device,
             towers=layout,
+            table_dtype=torch_dtype(model_cfg.table_dtype),
         )
     if model_cfg.arch == "dcn":
         return DCN(
@@ -62,5 +65,6 @@ def build_model(
             model_cfg.bottom_mlp,
             device=device,
             towers=layout,
+            table_dtype=torch_dtype(model_cfg.table_dtype),
         )
     raise DistrecError(f"model.arch is {model_cfg.arch!r}; choose dlrm or dcn")

@@ -51,11 +51,12 @@ class DCN(RecommendationModel):
         bottom_mlp: list[int],
         device: torch.device | str | None = None,
         towers: TowerLayout | None = None,
+        table_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         if structure not in ("parallel", "stacked"):
             raise DistrecError(f"model.dcn_structure is {structure!r}; choose parallel or stacked")
-        self.embeddings = pooled_embeddings(tables, towers, device)
+        self.embeddings = pooled_embeddings(tables, towers, device, table_dtype)
         dim = self.embeddings.dim
         use_bottom = bool(bottom_mlp) and num_dense > 0
         self.bottom = mlp([num_dense, *bottom_mlp, dim], final_activation=True, device=device) if use_bottom else None

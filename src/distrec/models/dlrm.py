@@ -49,9 +49,10 @@ class DLRM(RecommendationModel):
         self_interaction: bool = False,
         device: torch.device | str | None = None,
         towers: TowerLayout | None = None,
+        table_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.embeddings = pooled_embeddings(tables, towers, device)
+        self.embeddings = pooled_embeddings(tables, towers, device, table_dtype)
         dim, num_vectors = self.embeddings.dim, self.embeddings.num_vectors
         self.bottom = mlp([num_dense, *bottom_mlp, dim], final_activation=True, device=device) if num_dense > 0 else None
         if interaction == "dot":

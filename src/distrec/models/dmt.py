@@ -63,14 +63,22 @@ class TowerEmbeddings(nn.Module):
         towers: feature indices of each tower (every feature in exactly one tower).
         spec: the tower-module design; ``spec.dim`` is D.
         device: where to allocate the parameters.
+        table_dtype: how the tables' rows are stored (``distrec.table_dtype``).
     """
 
-    def __init__(self, tables: list[TableConfig], towers: Sequence[Sequence[int]], spec: TowerModuleSpec, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        tables: list[TableConfig],
+        towers: Sequence[Sequence[int]],
+        spec: TowerModuleSpec,
+        device: torch.device | str | None = None,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         listed = sorted(f for tower in towers for f in tower)
         if listed != list(range(len(tables))) or any(not tower for tower in towers):
             raise DistrecError("towers must place every feature in exactly one non-empty tower; regenerate them with 'distrec partition'")
-        self.bags = EmbeddingBagCollection(tables, device=device)
+        self.bags = EmbeddingBagCollection(tables, device=device, dtype=table_dtype)
         self.towers = [list(tower) for tower in towers]
         self.spec = spec
         self.dim = spec.dim
@@ -93,10 +101,11 @@ class TowerEmbeddings(nn.Module):
 
 
 def pooled_embeddings(
-    tables: list[TableConfig], towers: TowerLayout | None, device: torch.device | str | None = None
+    tables: list[TableConfig], towers: TowerLayout | None, device: torch.device | str | None = None, table_dtype: torch.dtype = torch.float32
 ) -> EmbeddingBagCollection | TowerEmbeddings:
     """A model's ``embeddings``: one bag per table (``[B, F, N]``), or with ``towers`` the
-    towers' outputs (``[B, K, D]``); either has ``num_vectors`` and ``dim``."""
+    towers' outputs (``[B, K, D]``); either has ``num_vectors`` and ``dim``. The rows are
+    stored as ``table_dtype`` (see ``distrec.table_dtype``)."""
     if towers is None:
-        return EmbeddingBagCollection(tables, device=device)
-    return TowerEmbeddings(tables, towers.towers, towers.spec, device)
+        return EmbeddingBagCollection(tables, device=device, dtype=table_dtype)
+    return TowerEmbeddings(tables, towers.towers, towers.spec, device, table_dtype)

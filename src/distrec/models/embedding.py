@@ -13,6 +13,7 @@ from distrec.data.batch import Batch
 from distrec.errors import DistrecError
 from distrec.kernels import compiled, runs_compiled
 from distrec.models.table_init import TableInit
+from distrec.table_dtype import is_half, table_parameter
 from distrec.tables import TableConfig
 
 
@@ -203,6 +204,10 @@ class _SumPooling(torch.autograd.Function):
     and is what the row-wise optimizers need anyway. A weight with a ``RowUpdate``
     (``update_rows_in_backward``) gets no gradient: its rows are updated from the grouped
     output gradient instead.
+
+    A half-precision weight (fp16, bf16) pools into float32 sums (each bag summed in float32 by
+    ``embedding_bag``, then rounded once to the weight's dtype on its way out) and gets float32
+    gradients.
     """
 
     @staticmethod
@@ -210,7 +215,8 @@ class _SumPooling(torch.autograd.Function):
         ctx.bags = bags
         ctx.weight_shape = weight.shape
         ctx.update = getattr(weight, ROW_UPDATE, None)
-        return F.embedding_bag(bags.rows, weight, bags.offsets, mode="sum", include_last_offset=True)
+        pooled = F.embedding_bag(bags.rows, weight, bags.offsets, mode="sum", include_last_offset=True)
+        return pooled.float() if is_half(weight) else pooled
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
@@ -253,7 +259,8 @@ def pools_by_kernels(weight: torch.Tensor) -> bool:
 
 
 def pool_sum(weight: torch.Tensor, bags: Bags) -> torch.Tensor:
-    """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D]. The gradient of ``weight``
+    """Sum of each bag's rows of ``weight`` [rows, D]: [bags, D] (float32 for a half-precision
+    weight, whose gradient is float32 too). The gradient of ``weight``
     is sparse COO (one entry per lookup for single-row bags, else one per distinct row), or
     none when its rows are updated in backward (``update_rows_in_backward``)."""
     return _SumPooling.apply(weight, bags)
@@ -280,6 +287,8 @@ class EmbeddingBagCollection(nn.Module):
         device: where to allocate the weight (default: ``weight``'s device, else the host).
         weight: the rows to use as they are, [sum of rows, D] (any strides, e.g. a memory
             map of a saved table larger than RAM), instead of allocating and initialising them.
+        dtype: how new rows are stored: float32, or float16 / bfloat16 (half the memory; the
+            pooled vectors and the gradients stay float32, see ``distrec.table_dtype``).
 
     Example:
         >>> ebc = EmbeddingBagCollection([TableConfig("a", 10, 4), TableConfig("b", 5, 4)])
@@ -289,7 +298,9 @@ class EmbeddingBagCollection(nn.Module):
         torch.Size([5, 4])
     """
 
-    def __init__(self, tables: list[TableConfig], device: torch.device | str | None = None, weight: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, tables: list[TableConfig], device: torch.device | str | None = None, weight: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         if not tables:
             raise DistrecError("the model has no embedding tables; the data must have at least one sparse feature")
@@ -313,7 +324,7 @@ class EmbeddingBagCollection(nn.Module):
         device = device if device is not None or weight is None else weight.device
         self.register_buffer("row_offsets", torch.tensor(starts[:-1], dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("table_num_rows", torch.tensor([t.num_rows for t in tables], dtype=torch.int64, device=device), persistent=False)
-        self.weight = nn.Parameter(empty_table(starts[-1], self.dim, device) if weight is None else weight.to(device))
+        self.weight = table_parameter(empty_table(starts[-1], self.dim, device, dtype) if weight is None else weight.to(device))
         self.reset_parameters(fill=weight is None)
 
     @property
@@ -395,4 +406,5 @@ class EmbeddingBagCollection(nn.Module):
                 raise t.index_error(low if low < 0 else high)
 
     def extra_repr(self) -> str:
-        return f"tables={self.num_features}, rows={self.weight.shape[0]}, dim={self.dim}"
+        stored = "" if self.weight.dtype == torch.float32 else f", dtype={self.weight.dtype}"
+        return f"tables={self.num_features}, rows={self.weight.shape[0]}, dim={self.dim}{stored}"

@@ -37,7 +37,8 @@ class Sharded(BlockMode):
         tables = self.ctx.tables
         self.plan = resolve_plan(tables, self.ctx.cfg.parallel, self.env.size)
         initializer = model.embeddings.initializer.for_tables(tables)
-        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, self.env.group, self.ctx.device)
+        dtype = model.embeddings.weight.dtype  # the model's table dtype (``model.table_dtype``)
+        model.embeddings = ShardedEmbeddingBagCollection.from_initializer(tables, self.plan, initializer, self.env.group, self.ctx.device, dtype)
 
     def gradient_sync(self, model: RecommendationModel) -> GradientSync | None:
         """All-reduce the gradients of data-parallel (replicated) tables, when the plan has any."""

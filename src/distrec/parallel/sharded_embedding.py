@@ -44,6 +44,7 @@ from distrec.models.table_init import TableInit
 from distrec.parallel.comm import all_to_all, differentiable_all_to_all
 from distrec.parallel.plan import ShardingPlan
 from distrec.parallel.sparse_grads import average_sparse_grads
+from distrec.table_dtype import is_half, table_parameter
 from distrec.tables import TableConfig, exchanged_index_bytes
 
 TableFill = Callable[[torch.Tensor, int, int, int], None]
@@ -115,7 +116,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
     where the single-process one does.
     """
 
-    def __init__(self, tables: list[TableConfig], plan: ShardingPlan, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        tables: list[TableConfig],
+        plan: ShardingPlan,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         plan.validate(tables)
         dims = {t.dim for t in tables}
@@ -145,9 +153,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self.unit_group.append(g)
             self.unit_base.append(group_rows[g])
             group_rows[g] += u.num_rows
-        self.weights = nn.ParameterList([nn.Parameter(empty_table(group_rows[g], w, device)) for g, w in enumerate(self.widths)])
+        self.weights = nn.ParameterList([table_parameter(empty_table(group_rows[g], w, device, dtype)) for g, w in enumerate(self.widths)])
         self.replicated = [i for i, t in enumerate(tables) if plan.placement(t.name).sharding == "data_parallel"]
-        self.replicas = nn.ParameterList([nn.Parameter(empty_table(tables[i].num_rows, self.dim, device)) for i in self.replicated])
+        self.replicas = nn.ParameterList([table_parameter(empty_table(tables[i].num_rows, self.dim, device, dtype)) for i in self.replicated])
         self.stats = ExchangeStats()
         self.every_unit = self.routes(None)
         self.index_dtype = torch.int32 if exchanged_index_bytes(t.num_rows for t in tables) == 4 else torch.int64
@@ -178,16 +186,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
             fill(p, i, 0, 0)
 
     @classmethod
-    def from_initializer(cls, tables, plan, initializer: TableInit, group=None, device=None) -> ShardedEmbeddingBagCollection:
+    def from_initializer(cls, tables, plan, initializer: TableInit, group=None, device=None, dtype=torch.float32) -> ShardedEmbeddingBagCollection:
         """This rank's part of tables initialised by ``initializer``, made without whole tables."""
-        module = cls(tables, plan, group, device)
+        module = cls(tables, plan, group, device, dtype)
         module.load_weights(initializer.fill)
         return module
 
     @classmethod
-    def from_full_weights(cls, tables, plan, full, group=None, device=None) -> ShardedEmbeddingBagCollection:
+    def from_full_weights(cls, tables, plan, full, group=None, device=None, dtype=torch.float32) -> ShardedEmbeddingBagCollection:
         """This rank's part of full tables (name -> [rows, dim])."""
-        module = cls(tables, plan, group, device)
+        module = cls(tables, plan, group, device, dtype)
         module.load_weights(full_weights_fill(tables, full))
         return module
 
@@ -408,7 +416,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for p, i in zip(self.replicas, self.replicated):
             vals = batch.feature_values(i)
             offsets = torch.cumsum(lengths[i], 0) - lengths[i]
-            blocks[i].append((None, F.embedding_bag(vals, p, offsets, mode="sum", sparse=True)))
+            if is_half(p):  # float32 sums and gradients
+                bounds = torch.cat([offsets, lengths[i].sum().view(1)])
+                blocks[i].append((None, pool_sum(p, bags_of_rows(vals, bounds))))
+            else:
+                blocks[i].append((None, F.embedding_bag(vals, p, offsets, mode="sum", sparse=True)))
         features = []
         zeros = recv.new_zeros(b_local, self.dim) if len(blocks) < len(self.tables) else None
         for f in range(len(self.tables)):

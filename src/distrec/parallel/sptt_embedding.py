@@ -81,6 +81,7 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         tower_module: optional module ``[H*b, F_host, D] -> [H*b, out]`` for this host's tower.
         tower_dims: ``out`` of every host's tower module (required with ``tower_module``).
         device: where to allocate the weights.
+        dtype: how the rows are stored (``distrec.table_dtype``).
     """
 
     def __init__(
@@ -91,8 +92,9 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         tower_module: nn.Module | None = None,
         tower_dims: Sequence[int] | None = None,
         device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(tables, tower_plan(tables, layout), groups.everyone, device)
+        super().__init__(tables, tower_plan(tables, layout), groups.everyone, device, dtype)
         self.layout = layout
         self.groups = groups
         self.tower_module = tower_module
@@ -104,9 +106,9 @@ class SpttEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self.column_of_unit = [local_features.index(f) if f in local_features else n_local for f in layout.features_of_rank[self.rank]]
 
     @classmethod
-    def from_fill(cls, tables, layout, groups, fill: TableFill, tower_module=None, tower_dims=None, device=None):
+    def from_fill(cls, tables, layout, groups, fill: TableFill, tower_module=None, tower_dims=None, device=None, dtype=torch.float32):
         """This rank's tables with weights from ``fill`` (``TableInit.fill``, or ``full_weights_fill``)."""
-        module = cls(tables, layout, groups, tower_module, tower_dims, device)
+        module = cls(tables, layout, groups, tower_module, tower_dims, device, dtype)
         module.load_weights(fill)
         return module
 
@@ -223,6 +225,7 @@ def sptt_embeddings(
     sharding: str = "table_wise",
     copies: int = 1,
     memory_per_rank: int | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> SpttEmbeddingBagCollection:
     """The SPTT module of a training run (call on every rank, at the same point: it builds the groups).
 
@@ -237,9 +240,10 @@ def sptt_embeddings(
         copies: replica groups running ``topology`` each (2D sparse parallelism), this rank's in its own.
         memory_per_rank: bytes of table weights a rank holds at most: a table larger than
             that is split by rows over its host's ranks (``tower_layout``).
+        dtype: how the rows are stored (``distrec.table_dtype``).
     """
     layout = tower_layout(tables, topology, towers, sharding, memory_per_rank)
-    return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(copies=copies), fill, device=device)
+    return SpttEmbeddingBagCollection.from_fill(tables, layout, topology.build_groups(copies=copies), fill, device=device, dtype=dtype)
 
 
 class SpttTowerEmbeddings(nn.Module):
@@ -291,7 +295,7 @@ def sptt_tower_embeddings(
 ) -> SpttTowerEmbeddings:
     """The distributed form of a ``TowerEmbeddings`` built identically on every rank (collective).
 
-    Each rank makes its shards of ``tables`` from the seed of ``tower_embeddings``' bags
+    Each rank makes its shards of ``tables`` from the seed (and in the dtype) of ``tower_embeddings``' bags
     (which may be one-row stand-ins, ``distrec.tables.stand_in_tables``) and takes its host's
     tower module (tower h on host h), so a distributed run starts where a single-process one
     does; ``sharding`` and ``copies`` are as in ``sptt_embeddings`` (no row-wise large tables
@@ -303,7 +307,7 @@ def sptt_tower_embeddings(
     layout = FeatureLayout.from_towers(topology, tower_embeddings.towers, sharding, bags.dim)
     groups = topology.build_groups(copies=copies)
     module = tower_embeddings.modules_by_tower[topology.host(groups.rank)].to(device)
-    sptt = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, fill, module, tower_embeddings.tower_dims, device)
+    sptt = SpttEmbeddingBagCollection.from_fill(tables, layout, groups, fill, module, tower_embeddings.tower_dims, device, bags.weight.dtype)
     return SpttTowerEmbeddings(sptt, tower_embeddings.num_vectors, tower_embeddings.dim)
 
 

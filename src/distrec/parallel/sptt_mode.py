@@ -70,7 +70,8 @@ class Sptt(Sharded):
             return
         fill = model.embeddings.initializer.for_tables(tables).fill
         memory = parse_bytes(p.memory_per_rank, "parallel.memory_per_rank") if p.memory_per_rank else None
-        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding, groups, memory)
+        dtype = model.embeddings.weight.dtype
+        model.embeddings = sptt_embeddings(tables, fill, self.topology, self._towers, self.ctx.device, p.tower_sharding, groups, memory, dtype)
         self.plan = model.embeddings.plan
 
     def gradient_sync(self, model: RecommendationModel) -> GradientSync | None:

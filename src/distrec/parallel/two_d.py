@@ -58,6 +58,7 @@ from distrec.parallel.reshard import held_blocks
 from distrec.parallel.sparse_grads import all_gather_rows, average_sparse_grads
 from distrec.parallel.spec import ParallelSpec
 from distrec.sim.components import ReplicaAverage
+from distrec.table_dtype import compute_dtype
 
 SCALE_FREE_OPTIMIZERS = ("adagrad", "adam")
 """Embedding optimizers whose row step is about the same for a gradient and its multiples."""
@@ -144,12 +145,14 @@ def merge_touched_rows(
     touched the row. ``touched`` is ``TouchLog.take``'s.
 
     Only touched rows travel (a row no group touched is the same in every replica): each
-    member sends its touched rows' change, touch count and states to the others (all-gathers).
+    member sends its touched rows' change, touch count and states to the others (all-gathers),
+    in float32 for half-precision weights.
     """
     counts, rows, origins = touched
     n, width = weights.shape
     flat_states = [s.view(n, -1) for s in states]
-    payload = torch.cat([weights[rows] - origins, counts[rows].unsqueeze(1), *[s[rows].to(weights.dtype) for s in flat_states]], 1)
+    dtype = compute_dtype(weights)  # float32 for half tables
+    payload = torch.cat([weights[rows].to(dtype) - origins.to(dtype), counts[rows].unsqueeze(1).to(dtype), *[s[rows].to(dtype) for s in flat_states]], 1)
     weights[rows] = origins
     member_rows, member_values, sent = all_gather_rows(rows, payload, group)
     union, slot = torch.unique(torch.cat(member_rows), return_inverse=True)
@@ -159,7 +162,9 @@ def merge_touched_rows(
     groups = torch.bincount(slot, minlength=union.numel()).to(values.dtype)  # members that touched each row
     total = summed[:, width]
     reached = steps * (1 - logs.exp())
-    weights[union] += summed[:, :width] * (reached / total).unsqueeze(1)
+    weights[union] = (weights[union].to(dtype) + summed[:, :width] * (reached / total).unsqueeze(1)).to(
+        weights.dtype
+    )  # half tables: rounded to nearest, alike in every replica
     offset = width + 1
     for state in flat_states:
         state[union] = (summed[:, offset : offset + state.shape[1]] / groups.unsqueeze(1)).to(state.dtype)

@@ -1,0 +1,86 @@
+"""Embedding rows stored in half precision, updated in float32 and rounded stochastically.
+
+A table stored as fp16 or bf16 takes half the bytes of float32. Everything computed from its
+rows is float32: the pooled sums, the gradients (a half table's parameter has float32
+gradients, ``grad_dtype``), the optimizer's state and the update. Only the write of an updated
+row rounds it to the table's dtype, stochastically (up with the probability of the
+remainder's share of the gap, as FBGEMM rounds its FP16 weights): the expected stored value
+is the float32 one, so updates far smaller than a half's spacing still move a row on
+average, where round-to-nearest would drop them every time.
+
+The random numbers come from a generator seeded by a key and a counter (``rounding_generator``),
+kept by whoever writes the rows (the sparse optimizers keep the counter in their parameter
+groups), so a resumed run rounds exactly as the original did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from distrec.config import TableDtype
+from distrec.errors import DistrecError
+
+TORCH_DTYPES: dict[TableDtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def torch_dtype(name: TableDtype) -> torch.dtype:
+    """The torch dtype of a ``TableDtype`` name."""
+    if name not in TORCH_DTYPES:
+        raise DistrecError(f"model.table_dtype is {name!r}; choose one of: {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
+
+
+def is_half(table: torch.Tensor) -> bool:
+    """Whether ``table``'s rows are stored in a half-precision dtype (fp16 or bf16)."""
+    return table.dtype in (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(table: torch.Tensor) -> torch.dtype:
+    """The dtype rows of ``table`` are computed in, and its optimizer state kept in: float32
+    for a half table, else the table's own."""
+    return torch.float32 if is_half(table) else table.dtype
+
+
+def table_parameter(rows: torch.Tensor) -> nn.Parameter:
+    """``rows`` [num_rows, D] as a parameter whose gradients are float32 whatever its dtype
+    (a half table's gradient would otherwise be rounded to half, and small ones flushed to 0)."""
+    param = nn.Parameter(rows)
+    if rows.dtype != torch.float32:
+        param.grad_dtype = torch.float32
+    return param
+
+
+def rounding_generator(key: Sequence[int], counter: int, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` seeded by (``key``, ``counter``): the random stream of one write
+    (e.g. key: a parameter's place in its optimizer and a block of rows, counter: the step)."""
+    seed = np.random.SeedSequence([*key, counter]).generate_state(1, np.uint64)[0]
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def round_stochastically(values: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """``values`` (float32, any shape) in ``dtype``, each rounded to one of its two neighbours in
+    ``dtype`` with probabilities that make the expected result ``values`` (unbiased rounding).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> round_stochastically(torch.full((100_000,), 1 + 2**-13), torch.float16, g).float().mean()
+        tensor(1.0001)                       # round-to-nearest gives 1.0 every time
+    """
+    near = values.to(dtype)
+    error = values - near.float()
+    away = torch.nextafter(near, torch.where(error > 0, torch.inf, -torch.inf).to(dtype))
+    gap = (away.float() - near.float()).abs_()
+    noise = torch.rand(values.shape, generator=generator, device=values.device, dtype=torch.float32)
+    return torch.where(noise.mul_(gap) < error.abs_(), away, near)
+
+
+@torch.no_grad()
+def add_to_rows(table: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, generator: torch.Generator) -> None:
+    """``table[rows] += delta`` for distinct ``rows`` int64 [n] of a half table [num_rows, D],
+    computed in float32 from float32 ``delta`` [n, D] and rounded stochastically on write."""
+    updated = table.index_select(0, rows).float().add_(delta)
+    table.index_copy_(0, rows, round_stochastically(updated, table.dtype, generator))
