@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import harness
-from distrec.serving.formats import TABLE_DTYPES
+from distrec.serving.formats import SERVING_DTYPES
 from distrec.serving.predict import Predictor
 from distrec.train.evaluate import evaluate_checkpoint, scoring_dataset
 from distrec.train.metrics import click_metrics
@@ -63,7 +63,7 @@ def held_out_auc(program: Path, batch_size: int = 16384) -> float:
 def measure(run: Path, scratch: Path) -> dict[str, dict[str, float]]:
     """Per table dtype: the exported file's bytes, its tables' and dense layers' bytes, its held-out AUC."""
     results = {}
-    for dtype in TABLE_DTYPES:
+    for dtype in SERVING_DTYPES:
         program = scratch / f"{run.name}-{dtype}.pt2"
         done = subprocess.run(
             [sys.executable, "-m", "distrec", "export", "--checkpoint", str(run), "--table-dtype", dtype, "-o", str(program)], capture_output=True, text=True

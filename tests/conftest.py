@@ -29,6 +29,7 @@ MULTIPROCESS_MODULES = {
     "test_planner_execute",
     "test_sharded_embedding",
     "test_sptt",
+    "test_table_dtype",
     "test_torchrec_format",
     "test_train_distributed",
     "test_train_dmt",

@@ -21,7 +21,7 @@ torch.export.load(FILE).module()(dense, values, lengths) runs it without distrec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from distrec.serving.formats import PROGRAM_FORMATS, TABLE_DTYPES
+    from distrec.serving.formats import PROGRAM_FORMATS, SERVING_DTYPES
 
     p = sub.add_parser("export", help="export a trained model as a torch.export (or ONNX) program", epilog=EXAMPLES, formatter_class=EXAMPLES_FORMAT)
     p.add_argument("--checkpoint", required=True, metavar="RUN", help="a run directory (its best model if it kept one, else its last) or a checkpoint folder")
@@ -29,9 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=PROGRAM_FORMATS, default="pt2", help="pt2: a torch.export program (default); onnx: an ONNX model")
     p.add_argument(
         "--table-dtype",
-        choices=TABLE_DTYPES,
-        default="fp32",
-        help="how the embedding rows are stored: fp32 (default), fp16, or int8 (row-wise, a float32 scale and bias per row)",
+        choices=SERVING_DTYPES,
+        help="how the embedding rows are stored: fp32, fp16, bf16, or int8 (row-wise, a float32 scale and bias per row); default: as the run trained them (--table-dtype of train)",
     )
     add_trust_arg(p)
     p.set_defaults(handler=run)

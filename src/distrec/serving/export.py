@@ -11,7 +11,7 @@ import torch
 
 from distrec.errors import DistrecError
 from distrec.io import atomic_path
-from distrec.serving.formats import ProgramFormat, TableDtype
+from distrec.serving.formats import ProgramFormat, ServingDtype
 from distrec.serving.inputs import example_inputs
 from distrec.serving.lookup import use_serving_tables
 from distrec.serving.manifest import describe, manifest_path
@@ -23,12 +23,12 @@ PROGRAM_KINDS = {"pt2": "torch.export", "onnx": "onnx"}
 """The ``program_format`` the JSON names for each ``--format``."""
 
 
-def export_checkpoint(checkpoint: Path, out: Path, table_dtype: TableDtype = "fp32", program_format: ProgramFormat = "pt2") -> dict[str, Any]:
+def export_checkpoint(checkpoint: Path, out: Path, table_dtype: ServingDtype | None = None, program_format: ProgramFormat = "pt2") -> dict[str, Any]:
     """Export the model of a run (its best one if it kept one, else its last) or checkpoint
     folder to ``out`` and its JSON to ``out`` + ``.json``, both written atomically.
 
     The tables are gathered from any checkpoint kind (``load_trained_model``) and stored as
-    ``table_dtype``. Returns what was written: paths, bytes of the file, the tables and the
+    ``table_dtype`` (default: as the run trained them, ``model.table_dtype``). Returns what was written: paths, bytes of the file, the tables and the
     dense layers, and whether onnxruntime checked an ONNX model.
 
     Raises:
@@ -40,6 +40,7 @@ def export_checkpoint(checkpoint: Path, out: Path, table_dtype: TableDtype = "fp
         if path.exists():
             raise DistrecError(f"{str(path)!r} exists; remove it or pass another -o")
     model, cfg, tables, meta = load_trained_model(checkpoint, torch.device("cpu"), best=True)
+    table_dtype = table_dtype or cfg.model.table_dtype
     stored = use_serving_tables(model, table_dtype)
     table_rows = [t.num_rows for t in tables]
     program = export_program(model, meta["num_dense"], table_rows)

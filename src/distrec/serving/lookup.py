@@ -15,7 +15,7 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.models.embedding import EmbeddingBagCollection
-from distrec.serving.formats import TableDtype
+from distrec.serving.formats import ServingDtype
 from distrec.serving.quantize import dequantize, quantize_rows, stored_bytes
 
 
@@ -27,7 +27,7 @@ class ServingTables(nn.Module):
 
     Args:
         bags: the trained tables (any device and strides; a memory map is read a block at a time).
-        dtype: how the rows are stored: ``fp32``, ``fp16`` or ``int8`` (row-wise, FBGEMM's layout).
+        dtype: how the rows are stored: ``fp32``, ``fp16``, ``bf16`` or ``int8`` (row-wise, FBGEMM's layout).
 
     Example:
         >>> tables = ServingTables(model.embeddings, "int8")
@@ -36,13 +36,13 @@ class ServingTables(nn.Module):
     """
 
     rows: torch.Tensor
-    """The stored rows of every table, stacked: float32 or float16 [R, D], or uint8 [R, D] (int8)."""
+    """The stored rows of every table, stacked: float32, float16 or bfloat16 [R, D], or uint8 [R, D] (int8)."""
     scale_bias: torch.Tensor | None
     """int8: each row's float32 (scale, bias) [R, 2]; else None."""
     row_steps: torch.Tensor
     """int64 [F]: each table's first row minus the previous table's (the previous table's rows; 0 for the first)."""
 
-    def __init__(self, bags: EmbeddingBagCollection, dtype: TableDtype = "fp32") -> None:
+    def __init__(self, bags: EmbeddingBagCollection, dtype: ServingDtype = "fp32") -> None:
         super().__init__()
         self.tables = list(bags.tables)
         self.dim = bags.dim
@@ -69,7 +69,7 @@ class ServingTables(nn.Module):
         return pooled.view(num_features, batch_size, self.dim).transpose(0, 1).contiguous()
 
 
-def use_serving_tables(model: nn.Module, dtype: TableDtype = "fp32") -> list[ServingTables]:
+def use_serving_tables(model: nn.Module, dtype: ServingDtype = "fp32") -> list[ServingTables]:
     """Replace every EmbeddingBagCollection inside ``model`` (its ``embeddings``, or a DMT
     model's ``embeddings.bags``) by ServingTables of ``dtype``, in place; returns them."""
     replaced = []

@@ -34,6 +34,7 @@ OUTPUT = {"name": "probability", "dtype": "float32", "shape": ["B"], "meaning": 
 TABLE_LAYOUTS = {
     "fp32": "float32 [rows, dim]",
     "fp16": "float16 [rows, dim], read as float32",
+    "bf16": "bfloat16 [rows, dim], read as float32",
     "int8": "uint8 [rows, dim] and float32 [rows, 2] (scale, bias): FBGEMM's fused 8-bit row-wise form, value = q * scale + bias",
 }
 

@@ -1,4 +1,4 @@
-"""How a served model stores its embedding rows: float32, float16 or 8-bit row-wise.
+"""How a served model stores its embedding rows: float32, float16, bfloat16 or 8-bit row-wise.
 
 The 8-bit form is FBGEMM's fused row-wise quantisation: row ``w`` (D floats) becomes D bytes
 ``q = round((w - bias) / scale)`` with ``scale = (max(w) - min(w)) / 255`` and ``bias =
@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import torch
 
-from distrec.serving.formats import TableDtype
+from distrec.serving.formats import ServingDtype
 
 BLOCK_ROWS = 1 << 16
 """Rows converted at a time (4 MiB of a 16-float table)."""
+FLOAT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""The torch dtype of each float form."""
 LEVELS = 255
 """Steps between a row's minimum and maximum in the 8-bit form."""
 
 
-def quantize_rows(weight: torch.Tensor, dtype: TableDtype) -> dict[str, torch.Tensor]:
+def quantize_rows(weight: torch.Tensor, dtype: ServingDtype) -> dict[str, torch.Tensor]:
     """The stored form of the float rows ``weight`` [R, D] (any strides, e.g. a memory map):
-    ``{"rows": float32 or float16 [R, D]}``, or for ``int8`` ``{"rows": uint8 [R, D],
+    ``{"rows": float32, float16 or bfloat16 [R, D]}``, or for ``int8`` ``{"rows": uint8 [R, D],
     "scale_bias": float32 [R, 2]}``, each made a block of rows at a time.
 
     Example:
@@ -40,7 +42,7 @@ def quantize_rows(weight: torch.Tensor, dtype: TableDtype) -> dict[str, torch.Te
     if dtype == "int8":
         stored = {"rows": torch.empty(num_rows, dim, dtype=torch.uint8), "scale_bias": torch.empty(num_rows, 2, dtype=torch.float32)}
     else:
-        stored = {"rows": torch.empty(num_rows, dim, dtype=torch.float32 if dtype == "fp32" else torch.float16)}
+        stored = {"rows": torch.empty(num_rows, dim, dtype=FLOAT_DTYPES[dtype])}
     for start in range(0, num_rows, BLOCK_ROWS):
         block = weight[start : start + BLOCK_ROWS].detach().to("cpu", torch.float32)
         if dtype == "int8":
