@@ -65,6 +65,10 @@ class SyntheticConfig:
     """Rows after which every table's hot rows move elsewhere (popularity drift); 0: no drift."""
     seed: int = 1234
     """Seed of the generator: row r depends only on the config and r."""
+    fresh_each_epoch: bool = True
+    """Training draws fresh rows every epoch after the first (draw e of each training row in
+    epoch e, from the same planted model), as more real data would; the validation and test rows
+    stay fixed. False: every epoch repeats the same rows, which a large model memorises."""
 
     def validate(self) -> None:
         """DistrecError naming the first field out of range."""

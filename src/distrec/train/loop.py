@@ -163,10 +163,11 @@ class Trainer:
         return True
 
     def _epoch_batches(self) -> Iterator[Batch]:
-        """This rank's batches of the rest of the current epoch (pinned for a GPU)."""
+        """This rank's batches of the rest of the current epoch (pinned for a GPU; fresh rows
+        after the first epoch on synthetic data, ``Dataset.batches``)."""
         t, p, rows = self.cfg.train, self.position, self.splits["train"]
         where = {"shard": (self.rank, self.world_size), "pin": self.device.type == "cuda"}
-        return self.dataset.batches(rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, **where)
+        return self.dataset.batches(rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, fresh=True, **where)
 
     def _step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step on this rank's part of a global batch; its loss (detached)."""
