@@ -255,6 +255,14 @@ class Dataset:
             layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes, largest_shard)
         return Batch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(offsets), torch.from_numpy(labels), layout)
 
+    def labels(self, rows: np.ndarray) -> np.ndarray:
+        """The labels of ``rows`` (int64 [n]), in that order (float32 [n])."""
+        rows = np.asarray(rows, np.int64)
+        labels = np.empty(rows.shape[0], np.float32)
+        for file, at, local in self._by_file(rows):
+            labels[at] = file.labels[local]
+        return labels
+
     def _by_file(self, rows: np.ndarray) -> list[tuple[_File, slice | np.ndarray, np.ndarray]]:
         """``rows`` grouped by file: (file, the positions in ``rows`` of its rows, those rows
         numbered within the file), by a stable O(B) radix sort of each row's file."""

@@ -37,7 +37,7 @@ from distrec.parallel.comm import init_from_env, mean_over_ranks
 from distrec.parallel.mode import RunContext, merged, parallelize
 from distrec.train import run as run_files
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
-from distrec.train.early_stopping import BestModel, OverfitWatch
+from distrec.train.early_stopping import BestModel, OverfitWatch, small_validation_warning
 from distrec.train.evaluate import default_device, evaluate_sharded
 from distrec.train.finite_loss import FiniteLossCheck
 from distrec.train.interrupts import RunRequests, StopRequested
@@ -74,6 +74,8 @@ class Trainer:
         self.length, notes = resolve_length(cfg.train, len(self.splits["train"]), len(self.splits.get("val", ())), cfg.data.split)
         for note in notes if self.rank == 0 else []:
             print(f"distrec: {note}", file=sys.stderr)
+        if self.rank == 0 and self.length.until_converged and (warning := small_validation_warning(self.dataset.labels(self.splits["val"]))):
+            logger.warning(warning)
         self.optimization = Optimization.of(cfg.train, self.length.total_steps)
         ctx = RunContext(
             cfg, self.tables, self.dataset.num_dense, self.rank, self.world_size, self.device, self.out, self.length.total_steps, self.timer, self.show_progress
