@@ -19,6 +19,9 @@ import torch
 from distrec.config import DataConfig, SyntheticConfig
 from distrec.data.batch import Batch, BatchLayout
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
+from distrec.data.dense_transforms import FIT_ROWS, DenseTransform
+from distrec.data.dense_transforms import apply as apply_transforms
+from distrec.data.dense_transforms import fit as fit_transforms
 from distrec.data.prefetch import prefetch
 from distrec.data.source import Chunk, Source, SparseFeature
 from distrec.data.split import split_rows
@@ -129,8 +132,10 @@ class Dataset:
         if manifest.get("format_version") != CACHE_FORMAT_VERSION:
             raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not {CACHE_FORMAT_VERSION}; delete it and prepare again")
         features = [SparseFeature.from_dict(d) for d in manifest["features"]]
-        files = [_File.load(directory, features) for directory in part_directories(cache_dir)]
+        parts = part_directories(cache_dir)
+        files = [_File.load(directory, features) for directory in parts]
         self._setup(files, features, list(manifest["dense"]), cfg, manifest)
+        self.source = read_manifest(parts[0]).get("source", {}) if parts[0] != cache_dir else manifest.get("source", {})
 
     def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
@@ -145,6 +150,10 @@ class Dataset:
         self.features = features
         self.dense_names = dense_names
         self.manifest = manifest
+        self.source: dict = {}
+        """The description of the (first) input the cache was prepared from: format, parameters, schema."""
+        self.dense_transforms: list[DenseTransform] = []
+        """What each batch's dense columns go through (``fit_dense_transforms``); empty: the values as cached."""
         self._generator: SyntheticGenerator | None = None
         self._set_table_rows({f.name: table_rows(f, self.cfg) for f in features})
 
@@ -178,13 +187,12 @@ class Dataset:
     def draws_fresh_rows(self) -> bool:
         """Whether training epochs after the first draw fresh rows: synthetic data with
         ``data.synthetic.fresh_each_epoch`` (``distrec.data.synthetic``, draws)."""
-        source = (self.manifest or {}).get("source", {})
-        return source.get("format") == "synthetic" and self.cfg.synthetic.fresh_each_epoch
+        return self.source.get("format") == "synthetic" and self.cfg.synthetic.fresh_each_epoch
 
     def _synthetic(self) -> SyntheticGenerator:
         """The generator of this synthetic data set's rows (made on first use)."""
         if self._generator is None:
-            self._generator = SyntheticGenerator(SyntheticConfig(**(self.manifest or {})["source"]["params"]))
+            self._generator = SyntheticGenerator(SyntheticConfig(**self.source["params"]))
         return self._generator
 
     def _drawn(self, rows: np.ndarray, draw: int) -> _File:
@@ -238,6 +246,8 @@ class Dataset:
             for f, column in enumerate(file.columns):
                 if column.offsets is not None:
                     lengths[f, at] = column.offsets[local + 1] - column.offsets[local]
+        if self.dense_transforms:
+            apply_transforms(self.dense_transforms, dense)
         offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
         values = np.empty(int(offsets[-1]), np.int64)
@@ -254,6 +264,30 @@ class Dataset:
             sizes = tuple(self.table_rows[f.name] for f in self.features)
             layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes, largest_shard)
         return Batch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(offsets), torch.from_numpy(labels), layout)
+
+    def fit_dense_transforms(self, rows: np.ndarray) -> None:
+        """Fit the dense transforms the data's schema asks for (CSV and Parquet;
+        ``distrec.data.dense_transforms``) on the training rows ``rows``; other formats keep their values."""
+        requested = self.source.get("dense_transforms")
+        if not requested:
+            return
+        rows = np.asarray(rows, np.int64)
+
+        def blocks() -> Iterator[np.ndarray]:
+            return (self._dense_of(rows[i : i + FIT_ROWS]) for i in range(0, rows.shape[0], FIT_ROWS))
+
+        self.dense_transforms = fit_transforms(self.dense_names, requested, blocks)
+
+    def use_dense_transforms(self, saved: list[dict]) -> None:
+        """Transform the dense columns as a trained model's run did (``DenseTransform.to_dict`` each)."""
+        self.dense_transforms = [DenseTransform.from_dict(d) for d in saved]
+
+    def _dense_of(self, rows: np.ndarray) -> np.ndarray:
+        """The cached dense values of ``rows`` (float32 [n, num_dense])."""
+        dense = np.empty((rows.shape[0], self.num_dense), np.float32)
+        for file, at, local in self._by_file(rows):
+            dense[at] = file.dense[local]
+        return dense
 
     def labels(self, rows: np.ndarray) -> np.ndarray:
         """The labels of ``rows`` (int64 [n]), in that order (float32 [n])."""

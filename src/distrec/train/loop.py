@@ -69,6 +69,7 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.dataset = Dataset(prepare_per_host(cfg.data, self.rank, self.distributed, progress), cfg.data)
         self.splits = split_rows(self.dataset, cfg)
+        self.dataset.fit_dense_transforms(self.splits["train"])  # CSV/Parquet: on the training rows, saved in every checkpoint
         self.tables = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.length, notes = resolve_length(cfg.train, len(self.splits["train"]), len(self.splits.get("val", ())), cfg.data.split)
@@ -104,6 +105,7 @@ class Trainer:
     def _run_meta(self) -> dict[str, Any]:
         """The run's entries of a checkpoint's metadata (the mode's format adds its layout)."""
         meta = {"step": self.position.step, "num_dense": self.dataset.num_dense, "world_size": self.world_size}
+        meta["dense_transforms"] = [t.to_dict() for t in self.dataset.dense_transforms]
         return {**meta, "tables": [t.to_dict() for t in self.tables], "config": config_mod.to_dict(self.cfg)}
 
     # --- the run's life: start, steps, the periodic work, finish -----------------------------
