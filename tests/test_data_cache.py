@@ -8,7 +8,7 @@ import distrec.data.cache as cache
 import distrec.data.cache_files as cache_files
 import distrec.data.preparation as preparation
 from distrec.config import DataConfig, SyntheticConfig
-from distrec.data import Dataset, prepare, read_manifest, read_synthetic
+from distrec.data import Dataset, SyntheticGenerator, prepare, read_manifest, read_synthetic
 from distrec.data.source import Chunk, MalformedRows, Source, SparseFeature
 from distrec.errors import DistrecError
 
@@ -274,3 +274,27 @@ def test_skipped_rows_are_reported_again_when_the_cache_is_reused(tmp_path, capl
     with caplog.at_level("WARNING", logger="distrec.data.cache"):
         prepare(cfg, tmp_path / "cache", progress=False)
     assert len(caplog.records) == 1 and "skipped 1 malformed row(s); first at line 2" in caplog.records[0].getMessage()
+
+
+def test_training_epochs_after_the_first_draw_fresh_synthetic_rows(tmp_path):
+    syn = SyntheticConfig(rows=1000, table_rows=500, pooling_factor=2, seed=3)
+    cfg = DataConfig(format="synthetic", synthetic=syn, max_ind_range=10_000)
+    path = prepare(cfg, tmp_path, progress=False)
+    dataset = Dataset(path, cfg)
+    rows = np.arange(100, 1000)
+
+    def epoch(e, fresh=True, start_step=0, ds=dataset):
+        return [
+            b.sparse_values.tolist() + b.dense.flatten().tolist()
+            for b in ds.batches(rows, 128, shuffle=True, seed=1, epoch=e, start_step=start_step, fresh=fresh)
+        ]
+
+    assert epoch(0) == epoch(0, fresh=False)  # the first epoch reads the cached rows
+    assert epoch(1) != epoch(1, fresh=False)  # later ones draw new rows
+    assert epoch(1) == epoch(1) and epoch(1, start_step=3) == epoch(1)[3:]  # deterministic and resumable
+    assert epoch(2) != epoch(1)
+    some = np.array([900, 5])
+    assert np.array_equal(Dataset(path, cfg).batch(some, draw=1).dense.numpy(), SyntheticGenerator(syn).draw(some, 1).dense)
+    cfg.synthetic.fresh_each_epoch = False
+    assert prepare(cfg, tmp_path, progress=False) == path  # the same cache: the rows are the same
+    assert epoch(1, ds=Dataset(path, cfg)) == epoch(1, fresh=False)

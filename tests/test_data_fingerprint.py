@@ -59,6 +59,14 @@ def test_synthetic_parameters_are_compared():
     assert saved["files"] == []
     check_same_data(saved, fingerprint(DataConfig(synthetic=SyntheticConfig(rows=100))))
     refused(saved, fingerprint(DataConfig(synthetic=SyntheticConfig(rows=200))), "data.synthetic was")
+    refused(saved, fingerprint(DataConfig(synthetic=SyntheticConfig(rows=100, fresh_each_epoch=False))), "data.synthetic was")
+
+
+def test_a_synthetic_setting_added_since_a_run_started_takes_its_default():
+    saved = fingerprint(DataConfig(synthetic=SyntheticConfig(rows=100)))
+    del saved["settings"]["synthetic"]["fresh_each_epoch"]  # as a run of an earlier distrec saved it
+    check_same_data(saved, fingerprint(DataConfig(synthetic=SyntheticConfig(rows=100))))
+    refused(saved, fingerprint(DataConfig(synthetic=SyntheticConfig(rows=100, fresh_each_epoch=False))), "data.synthetic was")
 
 
 def test_resolve_paths_makes_relative_paths_absolute(tmp_path, monkeypatch):

@@ -160,3 +160,35 @@ def test_zipf_sampler_equals_binary_search(ranks, exponent):
         ]
     )
     np.testing.assert_array_equal(sampler.ranks(u), np.searchsorted(sampler.cdf, u, side="right"))
+
+
+def test_a_draw_is_fresh_rows_of_the_same_data_set_in_any_row_order():
+    cfg = small(rows=20_000, drift_period_rows=10_000, pooling_factor=2)
+    gen = SyntheticGenerator(cfg)
+    rows = np.random.default_rng(0).permutation(20_000)[:5000]
+    assert_chunks_equal(gen.draw(rows, 0), Chunk(*_take(gen.generate(0, 20_000), rows)))  # draw 0: the data set
+    fresh = gen.draw(rows, 3)
+    assert_chunks_equal(fresh, SyntheticGenerator(cfg).draw(rows, 3))  # deterministic given the seed and the draw
+    order = np.argsort(rows)
+    assert_chunks_equal(Chunk(*_take(fresh, order)), gen.draw(rows[order], 3))  # a row's draw does not depend on the others
+    cached = gen.draw(rows, 0)
+    assert (fresh.sparse[0][0] != cached.sparse[0][0]).mean() > 0.5
+    assert not np.array_equal(fresh.dense, cached.dense)
+    assert not np.array_equal(gen.draw(rows, 4).labels, fresh.labels)
+    assert 0.2 < fresh.labels.mean() < 0.3  # the same click model
+
+    def hot(chunk, k=20):
+        return set(np.argsort(np.bincount(chunk.sparse[0][0]))[-k:])
+
+    # a redrawn row keeps its drift period: the same hot rows as the data set's rows of that period
+    first_period = np.arange(10_000)
+    assert len(hot(gen.draw(first_period, 5)) & hot(gen.draw(first_period, 0))) >= 15
+
+
+def _take(chunk: Chunk, rows: np.ndarray) -> tuple:
+    """The fields of the rows ``rows`` of a chunk whose features all have the same bag size."""
+    sparse = []
+    for values, lengths in chunk.sparse:
+        width = int(lengths[0])
+        sparse.append((values.reshape(-1, width)[rows].reshape(-1), lengths[rows]))
+    return chunk.dense[rows], chunk.labels[rows], sparse

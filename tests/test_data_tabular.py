@@ -144,6 +144,8 @@ def test_fnv1a_reference_value():
         ("label: y\ndense: [x]\nheader: false\n", "needs `columns:`"),
         ("label: y\ndense: [x, x]\n", "used twice"),
         ("label: y\ncategorical: [{name: t, sep: ','}]\n", "categorical entry"),
+        ("label: y\ndense: [{name: x, transform: log}]\n", "transform of 'x' is 'log'; choose one of auto, log1p, standardize, none"),
+        ("label: y\ndense: [{name: x, scale: 2}]\n", "dense entry"),
     ],
 )
 def test_schema_errors(tmp_path, text, message):
@@ -212,3 +214,30 @@ def test_corrupt_parquet_page_is_one_line(tmp_path):
     source = read_tabular(tmp_path / "d.parquet", schema, "parquet")
     with pytest.raises(DistrecError, match=r"d\.parquet is corrupt after row 0 \(.*\); re-export the Parquet file"):
         list(source.chunks)
+
+
+def test_dense_transforms_are_fitted_on_the_training_rows_and_applied_to_every_batch(tmp_path):
+    from distrec.config import DataConfig
+    from distrec.data import Dataset, prepare
+
+    schema = write(
+        tmp_path / "s.yaml", "label: y\ndense: [count, {name: delta, transform: auto}, {name: z, transform: standardize}, {name: raw, transform: none}]\n"
+    )
+    lines = ["y,count,delta,z,raw"] + [f"{i % 2},{10 * i},{i - 5},{i},{i * 100}" for i in range(10)]
+    data = DataConfig(path=str(write(tmp_path / "d.csv", "\n".join(lines) + "\n")), format="csv", schema=str(schema), cache_dir=str(tmp_path / "cache"))
+    assert read_tabular(data.path, schema, "csv").description["dense_transforms"] == ["auto", "auto", "standardize", "none"]
+    dataset = Dataset(prepare(data, progress=False), data)
+    train = np.arange(6)  # the held-out rows 6-9 do not count
+    dataset.fit_dense_transforms(train)
+    fitted = {t.name: t for t in dataset.dense_transforms}
+    assert fitted["count"].kind == "log1p" and fitted["raw"].kind == "none"
+    assert fitted["delta"].kind == "standardize" and fitted["delta"].mean == pytest.approx(-2.5)  # a negative value: no log
+    assert (fitted["z"].mean, fitted["z"].std) == pytest.approx((2.5, np.std(np.arange(6))))
+    dense = dataset.batch(np.array([9, 0])).dense.numpy()
+    np.testing.assert_allclose(dense[:, 0], np.log1p([90, 0]), rtol=1e-6)
+    np.testing.assert_allclose(dense[:, 2], (np.array([9, 0]) - 2.5) / np.std(np.arange(6)), rtol=1e-6)
+    np.testing.assert_allclose(dense[:, 3], [900, 0])
+    scoring = Dataset(prepare(data, progress=False), data)  # as evaluate and predict read a trained model's data
+    assert scoring.batch(np.array([9])).dense[0, 0] == 90  # the cache keeps raw values
+    scoring.use_dense_transforms([t.to_dict() for t in dataset.dense_transforms])
+    assert scoring.batch(np.array([9, 0])).dense.equal(dataset.batch(np.array([9, 0])).dense)

@@ -14,7 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import log_loss, roc_auc_score
 
 from distrec.cli import main
 from distrec.config import ModelConfig, SyntheticConfig, apply_preset
@@ -250,6 +250,38 @@ def test_criteo_data_is_hashed_and_transformed_as_the_json_says(tmp_path, capsys
     inputs = JaggedInputs(dense, values, torch.ones(26 * 4, dtype=torch.int32))
     _, scores, _ = scores_of(tmp_path / "scores.parquet")
     assert run_without_distrec(tmp_path / "model.pt2", inputs, tmp_path) == pytest.approx(scores[:4].tolist(), abs=1e-6)
+
+
+def test_csv_dense_columns_are_transformed_as_fitted_on_the_training_rows_everywhere(tmp_path, capsys):
+    """A model trained on a CSV: the transforms fitted on its training rows are in every
+    checkpoint and in the JSON, and evaluate, predict and the program all feed the model them."""
+    rng = np.random.default_rng(0)
+    n = 600
+    count, delta = rng.integers(0, 5000, n), rng.normal(300, 50, n).round(2) * rng.choice([-1, 1], n)
+    label = (rng.random(n) < 1 / (1 + np.exp(-(np.log1p(count) - 6)))).astype(int)
+    lines = ["y,count,delta,site"] + [f"{y},{c},{d},s{i % 7}" for y, c, d, i in zip(label, count, delta, range(n))]
+    data = tmp_path / "clicks.csv"
+    data.write_text("\n".join(lines) + "\n")
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: y\ndense: [count, delta]\ncategorical: [site]\n")
+    overrides = ('data.format="csv"', f"data.path={json.dumps(str(data))}", f"data.schema={json.dumps(str(schema))}", 'data.split="last:0.2"')
+    cfg = tiny_config(tmp_path / "cache", 12, overrides)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    fitted = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())["dense_transforms"]
+    assert [(f["name"], f["transform"]) for f in fitted] == [("count", "log1p"), ("delta", "standardize")]
+    assert fitted[1]["mean"] == pytest.approx(delta[:480].mean()) and fitted[1]["std"] == pytest.approx(delta[:480].std())  # training rows only
+    evaluated = evaluate_checkpoint(tmp_path / "run", None, None, progress=False)
+    assert evaluated["logloss"] == pytest.approx(summary["logloss"], abs=1e-6)
+    cli(capsys, "export", "--checkpoint", tmp_path / "run", "-o", tmp_path / "model.pt2")
+    manifest = json.loads((tmp_path / "model.pt2.json").read_text())
+    assert [f["fitted"] for f in manifest["dense_features"]] == fitted
+    assert "log(1 + max(x, 0))" in manifest["dense_features"][0]["transform"] and repr(fitted[1]["mean"]) in manifest["dense_features"][1]["transform"]
+    cli(capsys, "predict", "--checkpoint", tmp_path / "run", "-o", tmp_path / "checkpoint.parquet")
+    cli(capsys, "predict", "--model", tmp_path / "model.pt2", "-o", tmp_path / "program.parquet")
+    _, scores, labels = scores_of(tmp_path / "checkpoint.parquet")
+    assert np.abs(scores_of(tmp_path / "program.parquet")[1] - scores).max() <= 1e-5
+    val = np.arange(480, 600)
+    assert log_loss(labels[val], scores[val]) == pytest.approx(summary["logloss"], abs=1e-5)
 
 
 def test_bad_inputs_are_one_line_and_write_nothing(runs, tmp_path, capsys):

@@ -60,6 +60,15 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, capsys, optimizer):
     assert [r["step"] for r in outcome(tmp_path / "halves")[1]] == [4, 7, 8, 12, 14]
 
 
+def test_a_run_resumed_inside_an_epoch_of_fresh_synthetic_rows_equals_the_uninterrupted_one(tmp_path, capsys):
+    # epoch 1 (steps 10-18) draws new rows; the break at step 11 falls inside it
+    train(*TINY, "--max-steps", 14, "--out", tmp_path / "whole")
+    train(*TINY, "--max-steps", 11, "--out", tmp_path / "halves")
+    train("--resume", tmp_path / "halves", "--max-steps", 14, "--no-progress")
+    capsys.readouterr()
+    assert_same_run(tmp_path / "whole", tmp_path / "halves", 11)
+
+
 def test_resume_by_epochs(tmp_path, capsys):
     train(*TINY, "--epochs", 2, "--out", tmp_path / "whole")
     train(*TINY, "--epochs", 1, "--out", tmp_path / "halves")

@@ -68,6 +68,10 @@ class SyntheticConfig:
     """Rows after which every table's hot rows move elsewhere (popularity drift); 0: no drift."""
     seed: int = 1234
     """Seed of the generator: row r depends only on the config and r."""
+    fresh_each_epoch: bool = True
+    """Training draws fresh rows every epoch after the first (draw e of each training row in
+    epoch e, from the same planted model), as more real data would; the validation and test rows
+    stay fixed. False: every epoch repeats the same rows, which a large model memorises."""
 
     def validate(self) -> None:
         """DistrecError naming the first field out of range."""
@@ -217,9 +221,9 @@ class TrainConfig:
 
     epochs: int | None = None
     """Passes over the training split (ignored when ``max_steps`` is set); unset, with ``max_steps``
-    unset too: until the validation AUC stops improving.
+    unset too: until the validation loss stops improving.
 
-    Training until the AUC stops improving ends after ``patience`` evaluations without a better
+    Training until the loss stops improving ends after ``patience`` evaluations without a lower
     one, or after ``MAX_EPOCHS`` epochs, and keeps the best model in best/ beside the last one
     in checkpoint/."""
     max_steps: int | None = None
@@ -253,9 +257,9 @@ class TrainConfig:
     """Steps the learning-rate decay lasts; 0: the run's total steps."""
     eval_every: int = 0
     """Steps between evaluations on the validation split, plus one at the end; 0: at the end, or
-    four times per epoch (``EVALS_PER_EPOCH``) when training until the validation AUC stops improving."""
+    four times per epoch (``EVALS_PER_EPOCH``) when training until the validation loss stops improving."""
     patience: int = 5
-    """Without ``epochs`` and ``max_steps``: evaluations without a better validation AUC before training stops."""
+    """Without ``epochs`` and ``max_steps``: evaluations without a lower validation logloss before training stops."""
     checkpoint_every: int = 0
     """Steps between checkpoints, besides the one at the end and those by time; 0: none by step count."""
     checkpoint_minutes: float = 10.0
@@ -314,10 +318,10 @@ embedding rows (both scale their steps by the gradients they see, so one setting
 data of any size; measured in benchmarks/results/2026-11-25-training-quality.md)."""
 
 MAX_EPOCHS = 100
-"""Epochs at most when training until the validation AUC stops improving."""
+"""Epochs at most when training until the validation loss stops improving."""
 
 EVALS_PER_EPOCH = 4
-"""Evaluations per epoch when training until the validation AUC stops improving."""
+"""Evaluations per epoch when training until the validation loss stops improving."""
 
 
 @dataclass(frozen=True)
@@ -359,7 +363,7 @@ def auto_batch_size(train_rows: int) -> int:
 
 
 def auto_eval_every(steps_per_epoch: int) -> int:
-    """Steps between evaluations when training until the validation AUC stops improving."""
+    """Steps between evaluations when training until the validation loss stops improving."""
     return max(1, math.ceil(steps_per_epoch / EVALS_PER_EPOCH))
 
 

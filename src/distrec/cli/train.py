@@ -28,7 +28,7 @@ examples:
   distrec train --max-steps 300                       # synthetic Criteo-like data, tiny run
   distrec train --preset dlrm-kaggle --data-format criteo \\
       --data ../shared/data/criteo/criteo_kaggle_sample.tsv --split last:0.2 --out runs/criteo
-  distrec train --data-format movielens --data ../shared/data/movielens --out runs/ml   # until the AUC stops improving
+  distrec train --data-format movielens --data ../shared/data/movielens --out runs/ml   # until the loss stops improving
   distrec train --resume runs/criteo --max-steps 2000  # continue a run with a higher limit
   distrec train --config exp.yaml --set model.embedding_dim=32 --set train.warmup_steps=100
   distrec train --hotline --hot-budget 64MB --sample-rate 0.25 --relearn-every 40 --out runs/hot

@@ -35,7 +35,7 @@ from distrec.io import atomic_directory, publish_directory
 
 CHECKPOINT_DIR = "checkpoint"
 BEST_DIR = "best"
-"""The run directory's folder holding the model of the best validation AUC (a checkpoint too)."""
+"""The run directory's folder holding the model of the lowest validation logloss (a checkpoint too)."""
 META_FILE = "meta.json"
 FORMAT_VERSION = 3
 PICKLED_FORMAT_VERSION = 2  # loads only with trusting_pickles()

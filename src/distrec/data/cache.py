@@ -16,7 +16,6 @@ temporaries left by a prepare that was killed.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -33,6 +32,7 @@ from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, PARTS, read
 from distrec.data.inputs import InputFile, describe_paths, input_files, movielens_directory
 from distrec.data.preparation import build
 from distrec.data.source import MalformedRows, existing_path
+from distrec.data.synthetic import dataset_params
 from distrec.errors import DistrecError
 from distrec.io import atomic_directory, atomic_write_json
 
@@ -51,7 +51,7 @@ def cache_names(cfg: DataConfig) -> tuple[list[InputFile | None], list[str]]:
     files = input_files(cfg)
     base = {"version": CACHE_FORMAT_VERSION, "format": cfg.format}
     if cfg.format == "synthetic":
-        return [None], [_name(cfg, f"{cfg.synthetic.rows}rows", base | {"synthetic": dataclasses.asdict(cfg.synthetic)})]
+        return [None], [_name(cfg, f"{cfg.synthetic.rows}rows", base | {"synthetic": dataset_params(cfg.synthetic)})]
     if cfg.format == "movielens":
         return [None], [_name(cfg, Path(movielens_directory(cfg)).name, base | {"files": [_identity(f) for f in files]})]
     if cfg.format in ("csv", "parquet"):

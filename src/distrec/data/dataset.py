@@ -16,12 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distrec.config import DataConfig
+from distrec.config import DataConfig, SyntheticConfig
 from distrec.data.batch import Batch, BatchLayout
 from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
+from distrec.data.dense_transforms import FIT_ROWS, DenseTransform
+from distrec.data.dense_transforms import apply as apply_transforms
+from distrec.data.dense_transforms import fit as fit_transforms
 from distrec.data.prefetch import prefetch
 from distrec.data.source import Chunk, Source, SparseFeature
 from distrec.data.split import split_rows
+from distrec.data.synthetic import SyntheticGenerator
 from distrec.errors import DistrecError
 from distrec.tables import TableConfig
 
@@ -82,6 +86,18 @@ class _File:
         ]
         return _File(_memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"]))), _memmap(directory / LABELS_FILE, np.float32, (n,)), columns)
 
+    @staticmethod
+    def of_chunk(chunk: Chunk, features: list[SparseFeature]) -> _File:
+        """The rows of an in-memory chunk."""
+        columns = []
+        for feat, (values, lengths) in zip(features, chunk.sparse):
+            offsets = None
+            if feat.multi_hot:
+                offsets = np.zeros(chunk.num_rows + 1, np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+            columns.append(_Column(np.asarray(values, np.int64), offsets))
+        return _File(chunk.dense, chunk.labels, columns)
+
 
 def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     """A read-only memory map of ``path`` (an empty array for an empty file)."""
@@ -116,8 +132,10 @@ class Dataset:
         if manifest.get("format_version") != CACHE_FORMAT_VERSION:
             raise DistrecError(f"cache {cache_dir} has format {manifest.get('format_version')}, not {CACHE_FORMAT_VERSION}; delete it and prepare again")
         features = [SparseFeature.from_dict(d) for d in manifest["features"]]
-        files = [_File.load(directory, features) for directory in part_directories(cache_dir)]
+        parts = part_directories(cache_dir)
+        files = [_File.load(directory, features) for directory in parts]
         self._setup(files, features, list(manifest["dense"]), cfg, manifest)
+        self.source = read_manifest(parts[0]).get("source", {}) if parts[0] != cache_dir else manifest.get("source", {})
 
     def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
@@ -132,6 +150,11 @@ class Dataset:
         self.features = features
         self.dense_names = dense_names
         self.manifest = manifest
+        self.source: dict = {}
+        """The description of the (first) input the cache was prepared from: format, parameters, schema."""
+        self.dense_transforms: list[DenseTransform] = []
+        """What each batch's dense columns go through (``fit_dense_transforms``); empty: the values as cached."""
+        self._generator: SyntheticGenerator | None = None
         self._set_table_rows({f.name: table_rows(f, self.cfg) for f in features})
 
     def _set_table_rows(self, rows: dict[str, int]) -> None:
@@ -156,16 +179,25 @@ class Dataset:
     @classmethod
     def from_chunk(cls, chunk: Chunk, features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None = None) -> Dataset:
         """A data set over the rows of one in-memory chunk (e.g. from SyntheticGenerator.generate)."""
-        columns = []
-        for feat, (values, lengths) in zip(features, chunk.sparse):
-            offsets = None
-            if feat.multi_hot:
-                offsets = np.zeros(chunk.num_rows + 1, np.int64)
-                np.cumsum(lengths, out=offsets[1:])
-            columns.append(_Column(np.asarray(values, np.int64), offsets))
         dataset = cls.__new__(cls)
-        dataset._setup([_File(chunk.dense, chunk.labels, columns)], features, dense_names, cfg, None)
+        dataset._setup([_File.of_chunk(chunk, features)], features, dense_names, cfg, None)
         return dataset
+
+    @property
+    def draws_fresh_rows(self) -> bool:
+        """Whether training epochs after the first draw fresh rows: synthetic data with
+        ``data.synthetic.fresh_each_epoch`` (``distrec.data.synthetic``, draws)."""
+        return self.source.get("format") == "synthetic" and self.cfg.synthetic.fresh_each_epoch
+
+    def _synthetic(self) -> SyntheticGenerator:
+        """The generator of this synthetic data set's rows (made on first use)."""
+        if self._generator is None:
+            self._generator = SyntheticGenerator(SyntheticConfig(**self.source["params"]))
+        return self._generator
+
+    def _drawn(self, rows: np.ndarray, draw: int) -> _File:
+        """Draw ``draw`` of the synthetic rows ``rows``, in that order, as an in-memory file."""
+        return _File.of_chunk(self._synthetic().draw(rows, draw), self.features)
 
     @property
     def num_rows(self) -> int:
@@ -188,11 +220,12 @@ class Dataset:
         ``random:VAL[:TEST]``, ``last:VAL[:TEST]`` or ``files:[VAL:]TEST`` (``distrec.data.split``)."""
         return split_rows(spec, self.file_starts, seed)
 
-    def batch(self, rows: np.ndarray, largest_shard: int | None = None) -> Batch:
+    def batch(self, rows: np.ndarray, largest_shard: int | None = None, draw: int = 0) -> Batch:
         """The samples at ``rows`` (int64 [B]), in that order, as a CPU Batch, with the layout
         the step reads on the host (``BatchLayout``: where each feature's ids start, whether
         every bag holds one id, the tables every id lies in; ``largest_shard``: the most
-        samples a rank's slice of this global batch holds).
+        samples a rank's slice of this global batch holds). ``draw`` > 0 (synthetic data
+        only) takes that draw of the rows instead of the cached ones.
 
         Each file gathers its rows' dense features, labels and bag lengths, then every bag is
         copied to its place in the batch with its ids mapped into the feature's table
@@ -203,7 +236,7 @@ class Dataset:
 
         rows = np.asarray(rows, np.int64)
         b = rows.shape[0]
-        parts = self._by_file(rows)
+        parts = self._by_file(rows) if draw == 0 else [(self._drawn(rows, draw), slice(None), np.arange(b))]
         dense = np.empty((b, self.num_dense), np.float32)
         labels = np.empty(b, np.float32)
         lengths = np.ones((len(self.features), b), np.int64)
@@ -213,6 +246,8 @@ class Dataset:
             for f, column in enumerate(file.columns):
                 if column.offsets is not None:
                     lengths[f, at] = column.offsets[local + 1] - column.offsets[local]
+        if self.dense_transforms:
+            apply_transforms(self.dense_transforms, dense)
         offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
         values = np.empty(int(offsets[-1]), np.int64)
@@ -229,6 +264,38 @@ class Dataset:
             sizes = tuple(self.table_rows[f.name] for f in self.features)
             layout = BatchLayout(tuple(offsets[::b].tolist()), bool((lengths == 1).all()), sizes, largest_shard)
         return Batch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(offsets), torch.from_numpy(labels), layout)
+
+    def fit_dense_transforms(self, rows: np.ndarray) -> None:
+        """Fit the dense transforms the data's schema asks for (CSV and Parquet;
+        ``distrec.data.dense_transforms``) on the training rows ``rows``; other formats keep their values."""
+        requested = self.source.get("dense_transforms")
+        if not requested:
+            return
+        rows = np.asarray(rows, np.int64)
+
+        def blocks() -> Iterator[np.ndarray]:
+            return (self._dense_of(rows[i : i + FIT_ROWS]) for i in range(0, rows.shape[0], FIT_ROWS))
+
+        self.dense_transforms = fit_transforms(self.dense_names, requested, blocks)
+
+    def use_dense_transforms(self, saved: list[dict]) -> None:
+        """Transform the dense columns as a trained model's run did (``DenseTransform.to_dict`` each)."""
+        self.dense_transforms = [DenseTransform.from_dict(d) for d in saved]
+
+    def _dense_of(self, rows: np.ndarray) -> np.ndarray:
+        """The cached dense values of ``rows`` (float32 [n, num_dense])."""
+        dense = np.empty((rows.shape[0], self.num_dense), np.float32)
+        for file, at, local in self._by_file(rows):
+            dense[at] = file.dense[local]
+        return dense
+
+    def labels(self, rows: np.ndarray) -> np.ndarray:
+        """The labels of ``rows`` (int64 [n]), in that order (float32 [n])."""
+        rows = np.asarray(rows, np.int64)
+        labels = np.empty(rows.shape[0], np.float32)
+        for file, at, local in self._by_file(rows):
+            labels[at] = file.labels[local]
+        return labels
 
     def _by_file(self, rows: np.ndarray) -> list[tuple[_File, slice | np.ndarray, np.ndarray]]:
         """``rows`` grouped by file: (file, the positions in ``rows`` of its rows, those rows
@@ -257,6 +324,7 @@ class Dataset:
         shard: tuple[int, int] = (0, 1),
         pin: bool = False,
         threads: int | None = None,
+        fresh: bool = False,
     ) -> Iterator[Batch]:
         """Mini-batches over ``rows`` (all rows if None), built up to ``prefetch_depth`` ahead
         by ``threads`` background threads (default ``data.loader_threads``).
@@ -268,7 +336,9 @@ class Dataset:
         contiguous slices of near-equal size and only slice ``rank`` is built (it may be
         empty when the batch has fewer samples than ranks); every rank gets the same number
         of batches. With ``pin``, the background thread puts each batch in page-locked memory
-        (for a copy to a GPU that overlaps the step).
+        (for a copy to a GPU that overlaps the step). With ``fresh`` (training) and
+        :attr:`draws_fresh_rows`, epoch e > 0 takes draw e of its rows: new samples, the same
+        for every run with this seed and epoch.
         """
         rows = np.arange(self.num_rows, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
         if shuffle:
@@ -277,5 +347,8 @@ class Dataset:
         rank, world_size = shard
         global_batches = (rows[k * batch_size : (k + 1) * batch_size] for k in range(start_step, steps))
         shards = ((np.array_split(g, world_size)[rank], -(-g.shape[0] // world_size)) for g in global_batches)
-        build = (lambda shard: self.batch(*shard).pin_memory()) if pin else (lambda shard: self.batch(*shard))
+        draw = epoch if fresh and self.draws_fresh_rows else 0
+        if draw:
+            self._synthetic()  # made once, before the loader threads use it
+        build = (lambda shard: self.batch(*shard, draw).pin_memory()) if pin else (lambda shard: self.batch(*shard, draw))
         return prefetch(build, shards, prefetch_depth, self.cfg.loader_threads if threads is None else threads)

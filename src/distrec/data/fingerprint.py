@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from distrec.config import DataConfig
+from distrec.config import DataConfig, SyntheticConfig
 from distrec.data.filesystems import open_random_access
 from distrec.data.inputs import InputFile, absolute_paths, input_files
 from distrec.data.source import existing_path
@@ -107,6 +107,8 @@ def check_same_data(saved: dict[str, Any], current: dict[str, Any], doing: str =
     if saved.get("version") != current["version"]:
         raise DistrecError(f"the run's {DATA_FILE} has version {saved.get('version')!r}, this distrec writes {current['version']}; train a new run with --out")
     before, now = saved.get("settings", {}), current["settings"]
+    if isinstance(before.get("synthetic"), dict):  # a generator setting added since the run started takes its default
+        before = {**before, "synthetic": {**dataclasses.asdict(SyntheticConfig()), **before["synthetic"]}}
     for key, value in now.items():
         if before.get(key) != value:
             raise refuse(f"data.{key} was {before.get(key)!r} when the run started and is {value!r} now")

@@ -19,6 +19,11 @@ The data:
   between the features of the same group only (the planted ground truth for the tower
   partitioner; see :attr:`SyntheticGenerator.groups`). The bias is set for about 25%
   clicks, as in Criteo.
+
+A *draw* of a row is one realisation of it: draw 0 is the data set (what ``generate`` and
+the cache hold); draw d > 0 samples the row's ids, dense values and label anew from the same
+planted model and drift period (its own random streams), so training can see fresh rows
+every epoch (``data.synthetic.fresh_each_epoch``) instead of memorising the same ones.
 """
 
 from __future__ import annotations
@@ -169,6 +174,7 @@ class SyntheticGenerator:
         self._dense_mean_count = np.exp(rng.uniform(0.0, 5.0, cfg.num_dense))
         seed_key = _mix_int((cfg.seed * _GOLDEN) & _MASK64)
         self._keys = {(kind, f): np.uint64(_mix_int(seed_key ^ ((kind << 40) | f))) for kind in range(6) for f in range(cfg.num_sparse)}
+        self._seed_key = seed_key
         self._first_scale = FIRST_ORDER_STD / math.sqrt(cfg.num_sparse)
         pairs = sum(math.comb(int(n), 2) for n in np.bincount(self.groups[self.groups >= 0]))
         # a pair's dot product of LATENT_DIM uniform entries of std s has variance LATENT_DIM * s**4
@@ -201,32 +207,39 @@ class SyntheticGenerator:
     def dense_names(self) -> list[str]:
         return [f"I{j + 1}" for j in range(self.cfg.num_dense)]
 
-    def _dense(self, rows: np.ndarray) -> np.ndarray:
+    def _key(self, kind: int, f: int, draw: int) -> np.uint64:
+        """The key of stream (kind, f) in draw ``draw`` (draw 0: the data set's streams)."""
+        if draw == 0:
+            return self._keys[kind, f]
+        return np.uint64(_mix_int(self._seed_key ^ ((kind << 40) | f) ^ _mix_int((draw * _GOLDEN) & _MASK64)))
+
+    def _dense(self, rows: np.ndarray, draw: int = 0) -> np.ndarray:
         """float64 [n, num_dense]: log(1 + geometric counts)."""
         d = self.cfg.num_dense
-        u = _uniform(self._keys[_DENSE, 0], rows[:, None] * d + np.arange(d))
+        u = _uniform(self._key(_DENSE, 0, draw), rows[:, None] * d + np.arange(d))
         return np.log1p(np.floor(-np.log(u) * self._dense_mean_count))
 
-    def _ids(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Per feature, raw ids int64 [n, pooling_factor] of rows ``rows`` (consecutive)."""
+    def _ids(self, rows: np.ndarray, draw: int = 0) -> list[np.ndarray]:
+        """Per feature, raw ids int64 [n, pooling_factor] of rows ``rows`` (any order)."""
         p, m = self.cfg.pooling_factor, self._ranks
         counters = rows[:, None] * p + np.arange(p)
+        periods = np.unique(rows // self.cfg.drift_period_rows, return_inverse=True) if self.cfg.drift_period_rows else None
         ids = []
         for f in range(self.cfg.num_sparse):
-            slot = self._zipf[f].ranks(_uniform(self._keys[_RANK, f], counters))
-            slot += self._row_offsets(f, rows)[:, None]  # < 2m: wrap by one subtraction
+            slot = self._zipf[f].ranks(_uniform(self._key(_RANK, f, draw), counters))
+            slot += self._row_offsets(f, rows.shape[0], periods)[:, None]  # < 2m: wrap by one subtraction
             slot -= m * (slot >= m)
             ids.append(self._placement[slot].astype(np.int64) + 1)
         return ids
 
-    def _row_offsets(self, f: int, rows: np.ndarray) -> np.ndarray:
-        """Feature f's rank-to-slot offset for each row, in [0, m): fixed, or drifting per period."""
-        offset = np.full(rows.shape[0], self._offset[f])
-        if self.cfg.drift_period_rows and rows.size:
-            period = rows // self.cfg.drift_period_rows
-            first = int(period[0])  # rows are consecutive: only a few distinct periods
-            shifts = _hash(self._keys[_DRIFT, f], np.arange(first, int(period[-1]) + 1)) % np.uint64(self._ranks)
-            offset += shifts.astype(np.int64)[period - first]
+    def _row_offsets(self, f: int, n: int, periods: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """Feature f's rank-to-slot offset for each of n rows, in [0, m): fixed, or drifting per
+        period (``periods``: the distinct drift periods of the rows and each row's index among them)."""
+        offset = np.full(n, self._offset[f])
+        if periods is not None:
+            distinct, of_row = periods
+            shifts = _hash(self._keys[_DRIFT, f], distinct) % np.uint64(self._ranks)
+            offset += shifts.astype(np.int64)[of_row]
             offset -= self._ranks * (offset >= self._ranks)
         return offset
 
@@ -259,17 +272,30 @@ class SyntheticGenerator:
 
     def generate(self, start_row: int, n: int) -> Chunk:
         """Rows start_row..start_row+n-1 as a Chunk (the same whatever the chunking)."""
-        rows = np.arange(start_row, start_row + n, dtype=np.int64)
-        dense = self._dense(rows)
-        ids = self._ids(rows)
-        labels = (_uniform(self._keys[_LABEL, 0], rows) < self._probability(dense, ids)).astype(np.float32)
-        lengths = np.full(n, self.cfg.pooling_factor, np.int32)
+        return self.draw(np.arange(start_row, start_row + n, dtype=np.int64), 0)
+
+    def draw(self, rows: np.ndarray, draw: int) -> Chunk:
+        """Draw ``draw`` of the rows ``rows`` (int64 [n], any order) as a Chunk in that order:
+        draw 0 is the data set's rows, each other draw fresh rows of the same distribution."""
+        rows = np.asarray(rows, np.int64)
+        dense = self._dense(rows, draw)
+        ids = self._ids(rows, draw)
+        labels = (_uniform(self._key(_LABEL, 0, draw), rows) < self._probability(dense, ids)).astype(np.float32)
+        lengths = np.full(rows.shape[0], self.cfg.pooling_factor, np.int32)
         return Chunk(dense.astype(np.float32), labels, [(idx.reshape(-1), lengths) for idx in ids])
 
     def chunks(self, chunk_rows: int) -> Iterator[Chunk]:
         """The whole data set (``cfg.rows`` rows) in chunks of at most ``chunk_rows`` rows."""
         for start in range(0, self.cfg.rows, chunk_rows):
             yield self.generate(start, min(chunk_rows, self.cfg.rows - start))
+
+
+def dataset_params(cfg: SyntheticConfig) -> dict:
+    """The settings that fix the data set's rows (draw 0): all but ``fresh_each_epoch``, which
+    only says what training reads after the first epoch."""
+    params = dataclasses.asdict(cfg)
+    del params["fresh_each_epoch"]
+    return params
 
 
 def generate(cfg: SyntheticConfig, start_row: int, n: int) -> Chunk:
@@ -283,7 +309,7 @@ def read_synthetic(cfg: SyntheticConfig, chunk_rows: int = 262_144) -> Source:
     return Source(
         description={
             "format": "synthetic",
-            "params": dataclasses.asdict(cfg),
+            "params": dataset_params(cfg),
             "interaction_groups": gen.groups.tolist(),
         },
         label="label",

@@ -4,7 +4,9 @@ Example schema::
 
     label: rating          # the label column
     threshold: 4           # optional: label = value >= threshold (else the column is 0/1)
-    dense: [age, price]    # numeric columns; missing = 0
+    dense:                 # numeric columns; missing = 0
+      - age                #   transformed as `auto` decides (distrec.data.dense_transforms)
+      - {name: price, transform: log1p}   # or standardize, none, auto
     categorical:           # hashed columns; a separator makes a multi-valued column
       - user_id
       - {name: genres, separator: "|"}
@@ -27,6 +29,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from distrec.data.columns import bags, hash_strings, parse_numbers
+from distrec.data.dense_transforms import TRANSFORMS
 from distrec.data.filesystems import locate, open_random_access
 from distrec.data.inputs import input_file
 from distrec.data.source import Chunk, MalformedRows, RowCheck, Source, SparseFeature, describe_error, existing_path, single_hot
@@ -53,6 +56,8 @@ class TabularSchema:
     label: str
     threshold: float | None = None
     dense: tuple[str, ...] = ()
+    dense_transforms: tuple[str, ...] = ()
+    """The transform each dense column asks for (``distrec.data.dense_transforms.TRANSFORMS``)."""
     categorical: tuple[CategoricalColumn, ...] = ()
     delimiter: str = ","
     header: bool = True
@@ -88,6 +93,22 @@ def load_schema(path: str | Path) -> TabularSchema:
             raise fail(f"`{key}:` must be a list of column names")
         return tuple(value)
 
+    dense, transforms = [], []
+    entries = d.get("dense") or []
+    if not isinstance(entries, list):
+        raise fail("`dense:` must be a list of column names or {name: ..., transform: ...}")
+    for entry in entries:
+        if isinstance(entry, str) and entry:
+            dense.append(entry)
+            transforms.append("auto")
+        elif isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"] and set(entry) <= {"name", "transform"}:
+            transform = entry.get("transform", "auto")
+            if transform not in TRANSFORMS:
+                raise fail(f"the transform of {entry['name']!r} is {transform!r}; choose one of {', '.join(TRANSFORMS)}")
+            dense.append(entry["name"])
+            transforms.append(transform)
+        else:
+            raise fail(f"dense entry {entry!r} must be a column name or {{name: ..., transform: ...}}")
     categorical = []
     for entry in d.get("categorical") or []:
         if isinstance(entry, str) and entry:
@@ -111,7 +132,9 @@ def load_schema(path: str | Path) -> TabularSchema:
     columns = names("columns") if "columns" in d else None
     if not header and not columns:
         raise fail("a file without a header needs `columns:` listing the column names in order")
-    schema = TabularSchema(d["label"], None if threshold is None else float(threshold), names("dense"), tuple(categorical), delimiter, header, columns)
+    schema = TabularSchema(
+        d["label"], None if threshold is None else float(threshold), tuple(dense), tuple(transforms), tuple(categorical), delimiter, header, columns
+    )
     if not schema.dense and not schema.categorical:
         raise fail("name at least one `dense:` or `categorical:` column")
     named = [schema.label, *schema.dense, *(c.name for c in schema.categorical)]
@@ -171,7 +194,7 @@ def read_tabular(
         raise DistrecError(f"unknown tabular format {fmt!r}; choose csv or parquet")
     features = [SparseFeature(c.name, multi_hot=c.separator is not None or c.name in list_columns) for c in schema.categorical]
     return Source(
-        description={"format": fmt, "path": uri, "schema": str(Path(schema_path).resolve())},
+        description={"format": fmt, "path": uri, "schema": str(Path(schema_path).resolve()), "dense_transforms": list(schema.dense_transforms)},
         label=schema.label,
         dense=list(schema.dense),
         features=features,

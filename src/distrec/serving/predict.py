@@ -45,6 +45,7 @@ class Predictor:
         num_dense: its dense features.
         source: the checkpoint folder or program file it came from.
         device: where its inputs go.
+        dense_transforms: the transforms its run fitted to the dense columns (``distrec.data.dense_transforms``).
     """
 
     model: nn.Module
@@ -53,13 +54,14 @@ class Predictor:
     num_dense: int
     source: str
     device: torch.device
+    dense_transforms: list[dict]
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Path) -> Predictor:
         """The model of a run (its best one if it kept one, else its last) or checkpoint folder, as ``evaluate`` scores it."""
         device = default_device()
         model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
-        return cls(ServingModel(model).eval(), cfg, tables, meta["num_dense"], meta["checkpoint"], device)
+        return cls(ServingModel(model).eval(), cfg, tables, meta["num_dense"], meta["checkpoint"], device, meta.get("dense_transforms", []))
 
     @classmethod
     def from_program(cls, path: Path) -> Predictor:
@@ -75,7 +77,7 @@ class Predictor:
         inputs = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
         if inputs != list(INPUT_NAMES):
             raise DistrecError(f"{str(path)!r} takes inputs {inputs}, not {list(INPUT_NAMES)}; {fix}")
-        return cls(program.module(), exported.cfg, exported.tables, exported.num_dense, str(path), torch.device("cpu"))
+        return cls(program.module(), exported.cfg, exported.tables, exported.num_dense, str(path), torch.device("cpu"), exported.dense_transforms)
 
     def score(self, batch: Batch) -> np.ndarray:
         """Click probabilities of the samples of ``batch``: float32 [B]."""
@@ -108,7 +110,9 @@ def predict_file(
     scores_format(out)
     if predictor.device.type == "cpu":
         keep_freed_memory()  # each batch's activations reuse freed heap, not fresh pages (distrec.allocator)
-    dataset = scoring_dataset(predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress)
+    dataset = scoring_dataset(
+        predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress, predictor.dense_transforms
+    )
     assert dataset.manifest is not None  # a prepared cache's
     malformed = MalformedRows.from_manifest(dataset.manifest)  # reported by prepare, counted here
     name = Path(predictor.cfg.data.path).name if predictor.cfg.data.path else predictor.cfg.data.format

@@ -4,7 +4,7 @@
 - checkpoints: the component that gathers the parts' state -> ``checkpointer``; random
   generators -> ``rng`` (the files themselves: ``distrec.components.checkpoint``)
 - metrics and scoring saved models -> ``metrics``, ``evaluate``; the run directory -> ``run``
-- the best validation AUC so far and when to stop for lack of progress -> ``early_stopping``;
+- the best validation loss so far and when to stop for lack of progress -> ``early_stopping``;
   TensorBoard event files -> ``tensorboard``
 
 The optimizers, schedules, the step and the time breakdown are ``distrec.components``,

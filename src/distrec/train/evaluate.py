@@ -104,10 +104,13 @@ def scoring_dataset(
     cache_dir: str | None = None,
     strict: bool | None = None,
     progress: bool = True,
+    dense_transforms: list[dict] | None = None,
 ) -> Dataset:
     """The data a saved model scores, its raw ids hashed into the model's ``tables`` as its run
-    hashed them: ``data_path`` (in ``data_format``, else the run's format), or without it the
-    run's own data (``cfg.data``, updated in place with the options given).
+    hashed them and its dense columns transformed by the run's fitted ``dense_transforms``
+    (the checkpoint's; none for formats without them and runs from before them): ``data_path``
+    (in ``data_format``, else the run's format), or without it the run's own data (``cfg.data``,
+    updated in place with the options given).
 
     Raises:
         DistrecError: the data's dense or sparse features are not the model's.
@@ -128,6 +131,7 @@ def scoring_dataset(
             f"{num_dense} and {_shown([t.name for t in tables])}; use data in the format and schema the model was trained on"
         )
     dataset.override_tables(tables)
+    dataset.use_dense_transforms(dense_transforms or [])
     return dataset
 
 
@@ -160,7 +164,7 @@ def evaluate_checkpoint(
     model, cfg, tables, meta = load_trained_model(checkpoint, device, best=True)
     if data_path is None:  # the run's own rows: only while its data is what it trained on
         check_scored_data(Path(meta["checkpoint"]).parent, cfg.data)
-    dataset = scoring_dataset(cfg, tables, meta["num_dense"], data_path, data_format, schema, cache_dir, strict, progress)
+    dataset = scoring_dataset(cfg, tables, meta["num_dense"], data_path, data_format, schema, cache_dir, strict, progress, meta.get("dense_transforms"))
     if data_path is None and split != "all":
         splits = split_rows(dataset, cfg)
         if split not in splits:

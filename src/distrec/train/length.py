@@ -32,7 +32,7 @@ class RunLength:
     """What fixes a length that is not decided by early stopping: ``--max-steps`` or ``--epochs``."""
 
     def converged(self, best: BestModel) -> bool:
-        """Whether a run without a fixed length went ``best.patience`` evaluations without a better AUC."""
+        """Whether a run without a fixed length went ``best.patience`` evaluations without a lower validation loss."""
         return self.until_converged and best.exhausted
 
     def done(self, step: int, best: BestModel) -> bool:
@@ -44,14 +44,14 @@ class RunLength:
         if not self.until_converged:
             return {"stopped": f"reached {self.fixed_by}"}
         patience = best.patience
-        why = f"no better validation AUC in {patience} evaluation{'s' if patience != 1 else ''}" if best.exhausted else f"reached {MAX_EPOCHS} epochs"
+        why = f"no lower validation loss in {patience} evaluation{'s' if patience != 1 else ''}" if best.exhausted else f"reached {MAX_EPOCHS} epochs"
         return {"best_step": best.step, "stopped": why}
 
 
 def resolve_length(t: TrainConfig, train_rows: int, val_rows: int, split: str) -> tuple[RunLength, list[str]]:
     """The run's length for ``train_rows`` training and ``val_rows`` validation rows, and one
     line per choice made for the user (to print): an unset batch size comes from the rows
-    (``auto_batch_size``); without epochs or max steps the run trains until the validation AUC
+    (``auto_batch_size``); without epochs or max steps the run trains until the validation loss
     stops improving, or one epoch when there is nothing to validate on."""
     notes = []
     batch_size = t.batch_size
@@ -69,7 +69,7 @@ def resolve_length(t: TrainConfig, train_rows: int, val_rows: int, split: str) -
         return RunLength(batch_size, steps_per_epoch, steps_per_epoch, t.eval_every, False, fixed_by), notes
     eval_every = t.eval_every or auto_eval_every(steps_per_epoch)
     notes.append(
-        f"training until the validation AUC stops improving for {t.patience} evaluations, one every {eval_every} steps "
+        f"training until the validation loss stops improving for {t.patience} evaluations, one every {eval_every} steps "
         f"(at most {MAX_EPOCHS} epochs; --epochs or --max-steps for a fixed length)"
     )
     return RunLength(batch_size, steps_per_epoch, MAX_EPOCHS * steps_per_epoch, eval_every, True, fixed_by), notes

@@ -37,7 +37,7 @@ from distrec.parallel.comm import init_from_env, mean_over_ranks
 from distrec.parallel.mode import RunContext, merged, parallelize
 from distrec.train import run as run_files
 from distrec.train.checkpointer import Checkpointer, RandomGenerators
-from distrec.train.early_stopping import BestModel, OverfitWatch
+from distrec.train.early_stopping import BestModel, OverfitWatch, small_validation_warning
 from distrec.train.evaluate import default_device, evaluate_sharded
 from distrec.train.finite_loss import FiniteLossCheck
 from distrec.train.interrupts import RunRequests, StopRequested
@@ -69,11 +69,14 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.dataset = Dataset(prepare_per_host(cfg.data, self.rank, self.distributed, progress), cfg.data)
         self.splits = split_rows(self.dataset, cfg)
+        self.dataset.fit_dense_transforms(self.splits["train"])  # CSV/Parquet: on the training rows, saved in every checkpoint
         self.tables = self.dataset.tables(cfg.model.embedding_dim)
         self.timer = StepTimer(self.device)
         self.length, notes = resolve_length(cfg.train, len(self.splits["train"]), len(self.splits.get("val", ())), cfg.data.split)
         for note in notes if self.rank == 0 else []:
             print(f"distrec: {note}", file=sys.stderr)
+        if self.rank == 0 and self.length.until_converged and (warning := small_validation_warning(self.dataset.labels(self.splits["val"]))):
+            logger.warning(warning)
         self.optimization = Optimization.of(cfg.train, self.length.total_steps)
         ctx = RunContext(
             cfg, self.tables, self.dataset.num_dense, self.rank, self.world_size, self.device, self.out, self.length.total_steps, self.timer, self.show_progress
@@ -102,6 +105,7 @@ class Trainer:
     def _run_meta(self) -> dict[str, Any]:
         """The run's entries of a checkpoint's metadata (the mode's format adds its layout)."""
         meta = {"step": self.position.step, "num_dense": self.dataset.num_dense, "world_size": self.world_size}
+        meta["dense_transforms"] = [t.to_dict() for t in self.dataset.dense_transforms]
         return {**meta, "tables": [t.to_dict() for t in self.tables], "config": config_mod.to_dict(self.cfg)}
 
     # --- the run's life: start, steps, the periodic work, finish -----------------------------
@@ -163,10 +167,11 @@ class Trainer:
         return True
 
     def _epoch_batches(self) -> Iterator[Batch]:
-        """This rank's batches of the rest of the current epoch (pinned for a GPU)."""
+        """This rank's batches of the rest of the current epoch (pinned for a GPU; fresh rows
+        after the first epoch on synthetic data, ``Dataset.batches``)."""
         t, p, rows = self.cfg.train, self.position, self.splits["train"]
         where = {"shard": (self.rank, self.world_size), "pin": self.device.type == "cuda"}
-        return self.dataset.batches(rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, **where)
+        return self.dataset.batches(rows, self.length.batch_size, shuffle=True, seed=t.seed, epoch=p.epoch, start_step=p.step_in_epoch, fresh=True, **where)
 
     def _step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step on this rank's part of a global batch; its loss (detached)."""
