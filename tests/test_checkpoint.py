@@ -11,7 +11,7 @@ import torch
 
 from distrec import io
 from distrec.cli import main
-from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
+from distrec.components.checkpoint import CHECKSUMS, IDENTITIES, META_CHECKSUM, META_FILE, file_checksum, find_checkpoint, has_checkpoint, meta_checksum, read_meta
 from distrec.errors import DistrecError
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks
@@ -155,13 +155,17 @@ class MakesMarker:
         return (os.system, (f"touch {self.path}",))
 
 
-def rewrite_checksum(checkpoint, name):
-    """Record the current bytes of ``name`` in meta.json, as a forger would."""
-    from distrec.components.checkpoint import file_checksum
+def forge_meta(checkpoint, edit):
+    """Apply ``edit`` (meta dict -> None) to meta.json and record its new checksum, as a forger would."""
+    meta = json.loads((checkpoint / META_FILE).read_text())
+    edit(meta)
+    meta[META_CHECKSUM] = meta_checksum(meta)
+    (checkpoint / META_FILE).write_text(json.dumps(meta))
 
-    meta = json.loads((checkpoint / "meta.json").read_text())
-    meta["sha256"][name] = file_checksum(checkpoint / name)
-    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+def rewrite_checksum(checkpoint, name):
+    """Record the current bytes of ``name`` in meta.json (and forget its identity), as a forger would."""
+    forge_meta(checkpoint, lambda meta: (meta[CHECKSUMS].update({name: file_checksum(checkpoint / name)}), meta[IDENTITIES].pop(name, None)))
 
 
 @pytest.fixture
@@ -202,7 +206,8 @@ def test_an_old_pickled_checkpoint_loads_only_when_trusted(tmp_path, capsys, run
     torch.save(own, checkpoint / "state-rank0.pt")
     meta = json.loads((checkpoint / "meta.json").read_text())
     meta["format_version"] = 2
-    del meta["sha256"]
+    for key in ("sha256", META_CHECKSUM):  # format 2 had neither
+        del meta[key]
     (checkpoint / "meta.json").write_text(json.dumps(meta))
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], "pickled Python objects", "--trust-checkpoint")
     assert main(["evaluate", "--checkpoint", str(run), "--no-progress", "--trust-checkpoint"]) == 0
@@ -243,6 +248,23 @@ def test_a_corrupt_state_file_is_named_in_one_line(capsys, run, damage, command)
 def test_a_broken_meta_json_is_named_in_one_line(capsys, run, content):
     (run / "checkpoint" / "meta.json").write_bytes(content)
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(run / "checkpoint" / "meta.json"), "earlier checkpoint")
+
+
+def test_an_edited_meta_json_is_named_in_one_line_unless_its_checksum_entry_is_deleted(capsys, run):
+    """meta.json holds the SHA-256 of its other entries: a changed value (a flipped digit) is
+    caught; a checkpoint without the entry (written before it existed) loads."""
+    path = run / "checkpoint" / META_FILE
+    meta = json.loads(path.read_text())
+    assert meta[META_CHECKSUM] == meta_checksum(meta)
+    path.write_text(path.read_text().replace('"step": 4', '"step": 5'))
+    assert_one_line_error(
+        capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(path), f"is corrupt (its {META_CHECKSUM} differs", f"delete its {META_CHECKSUM} entry"
+    )
+    meta = json.loads(path.read_text())
+    del meta[META_CHECKSUM]
+    path.write_text(json.dumps(meta, indent=4))
+    assert read_meta(find_checkpoint(run))["step"] == 5
+    assert main(["evaluate", "--checkpoint", str(run), "--no-progress"]) == 0
 
 
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(capsys, run, monkeypatch):
@@ -330,8 +352,6 @@ def test_a_malformed_file_identity_entry_is_one_line(tmp_path):
     from distrec.components import checkpoint
 
     checkpoint.save_checkpoint(tmp_path, {0: {"x": torch.arange(4)}}, {"step": 1})
-    meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
-    meta["file_identity"] = [1, 2]
-    (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps(meta))
+    forge_meta(tmp_path / "checkpoint", lambda meta: meta.update(file_identity=[1, 2]))
     with pytest.raises(DistrecError, match="malformed file_identity; delete that entry"):
         read_meta(tmp_path / "checkpoint")

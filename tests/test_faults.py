@@ -26,7 +26,6 @@ import torch
 import yaml
 
 from distrec.cli import main
-from distrec.components.checkpoint import CHECKSUMS, IDENTITIES, META_FILE, file_checksum
 from distrec.errors import DistrecError
 from distrec.hotline.row_files import BASE_FILE
 from distrec.parallel.default_plans import uniform_plan
@@ -35,6 +34,7 @@ from distrec.planner.calibrate import SampleCosts
 from distrec.planner.cost_models import CommCostNet, ComputeCostNet, ComputeEnsemble, CostModels
 from distrec.planner.store import COST_MODELS_FILE
 from distrec.tables import TableConfig
+from test_checkpoint import forge_meta, rewrite_checksum
 from test_planner_cost_models import write_synthetic_costs
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -255,11 +255,7 @@ def test_a_hotline_rows_file_cut_short_is_one_line_naming_its_size_not_a_bus_err
     rows = run / "checkpoint" / BASE_FILE
     full = rows.stat().st_size
     os.truncate(rows, full // 2)
-    meta_path = run / "checkpoint" / META_FILE
-    meta = json.loads(meta_path.read_text())
-    meta[CHECKSUMS][BASE_FILE] = file_checksum(rows)
-    meta.get(IDENTITIES, {}).pop(BASE_FILE, None)
-    meta_path.write_text(json.dumps(meta))
+    rewrite_checksum(run / "checkpoint", BASE_FILE)
     message = refused(capsys, "evaluate", "--checkpoint", run, "--no-progress")
     assert f"the embedding rows file '{rows}' has {full // 2} bytes, expected {full}" in message and "resume from another checkpoint" in message
 
