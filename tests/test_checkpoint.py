@@ -11,7 +11,17 @@ import torch
 
 from distrec import io
 from distrec.cli import main
-from distrec.components.checkpoint import CHECKSUMS, IDENTITIES, META_CHECKSUM, META_FILE, file_checksum, find_checkpoint, has_checkpoint, meta_checksum, read_meta
+from distrec.components.checkpoint import (
+    CHECKSUMS,
+    IDENTITIES,
+    META_CHECKSUM,
+    META_FILE,
+    file_checksum,
+    find_checkpoint,
+    has_checkpoint,
+    meta_checksum,
+    read_meta,
+)
 from distrec.errors import DistrecError
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks

@@ -21,6 +21,7 @@ import sys
 import termios
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -73,6 +74,14 @@ def tables_file(workspace) -> Path:
     path = workspace / "tables.yaml"
     path.write_text(yaml.safe_dump(TABLES))
     return path
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory) -> Path:
+    """A tiny one-process run trained for 2 steps (its checkpoint lists its table blocks)."""
+    run = tmp_path_factory.mktemp("blocks") / "run"
+    assert main(["train", *TINY_SYNTHETIC, "--set", "train.threads=1", "--cache-dir", str(run.parent / "cache"), "--max-steps", "2", "--out", str(run)]) == 0
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +331,84 @@ def test_evaluate_refuses_the_runs_own_rows_once_its_data_changed(shared_data, t
     code = main(["evaluate", "--checkpoint", str(run), "--no-progress"])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
     assert code == 2 and len(err) == 1 and "cannot score the run's own rows on different data" in err[0]
+
+
+# ----------------------------------------------------------------------------- 5. files edited with their checksums recorded again
+
+
+def resume_args(run: Path) -> list[object]:
+    return ["train", "--resume", run, "--max-steps", 4, "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "ids,problem",
+    [
+        (np.array([1, "x", None], dtype=object), "holds Python objects, which loading would run as code"),
+        (np.array([3.5, 1e12]), "holds float64 of shape (2,), not int64 row ids"),
+        (np.array([7, 3], dtype=np.int64), "holds ids that are not ascending unique rows below 1300"),
+    ],
+)
+def test_a_hot_set_file_of_objects_or_nonsense_is_one_line_and_never_unpickled(workspace, capsys, hotline_run, ids, problem):
+    run = Path(shutil.copytree(hotline_run, workspace / "run"))
+    path = run / "checkpoint" / "hotline-hot-ids.npy"
+    np.save(path, ids, allow_pickle=True)
+    rewrite_checksum(run / "checkpoint", path.name)
+    assert f"the hot set file '{path}' {problem}; resume from another checkpoint" in refused(capsys, *resume_args(run))
+
+
+def test_nan_rows_in_a_hotline_rows_file_are_named_on_resume_and_evaluate(workspace, capsys, hotline_run):
+    run = Path(shutil.copytree(hotline_run, workspace / "run"))
+    path = run / "checkpoint" / BASE_FILE
+    rows = np.load(path)
+    rows[5:9] = np.nan
+    np.save(path, rows)
+    rewrite_checksum(run / "checkpoint", BASE_FILE)
+    assert f"the embedding rows in '{run / 'checkpoint'}' hold NaN or infinity (row 5 first)" in refused(capsys, *resume_args(run))
+    message = refused(capsys, "evaluate", "--checkpoint", run, "--no-progress", "--split", "all")  # the mapped rows are not read whole: the scores show it
+    assert re.search(r"the model predicts NaN for \d+ of 600 rows: its weights hold NaN or infinity; score an earlier checkpoint", message), message
+
+
+@pytest.mark.parametrize(
+    "edit,problem",
+    [
+        (lambda meta: meta.pop("tables"), "holds no tables"),
+        (lambda meta: meta["tables"][0].update(num_rows="many"), 'has a malformed tables entry {"name": "C1", "num_rows": "many"'),
+        (lambda meta: meta["blocks"][0].update(rank=3), "has a malformed blocks entry"),
+        (lambda meta: meta["blocks"][0]["block"].update(row_end=10**6), "has a malformed blocks entry"),
+        (lambda meta: meta["blocks"][0]["block"].pop("col_end"), "has a malformed blocks entry"),
+        (lambda meta: meta.pop("num_dense"), "holds no num_dense"),
+        (lambda meta: meta["config"]["train"].update(lr="fast"), "holds an invalid config (config key 'train.lr' expects float, got 'fast')"),
+    ],
+)
+@pytest.mark.parametrize("command", ["evaluate", "resume"])
+def test_a_meta_json_lacking_or_garbling_the_runs_entries_is_one_line(workspace, capsys, block_run, edit, problem, command):
+    run = Path(shutil.copytree(block_run, workspace / "run"))
+    forge_meta(run / "checkpoint", edit)
+    argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else resume_args(run)
+    message = refused(capsys, *argv)
+    assert message.startswith(f"checkpoint metadata '{run / 'checkpoint' / 'meta.json'}' {problem}") and "resume from an earlier checkpoint" in message
+
+
+def test_a_hand_edited_run_config_is_named_on_resume_and_evaluate_scores_with_the_checkpoints_own(workspace, capsys, block_run):
+    run = Path(shutil.copytree(block_run, workspace / "run"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["lr"] = -1.0
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    message = refused(capsys, *resume_args(run))
+    assert (
+        message
+        == f"the run's settings '{run / 'config.yaml'}' are invalid (train.lr is -1.0; it must be positive); put back the value the run was trained with"
+    )
+    assert main(["evaluate", "--checkpoint", str(run), "--no-progress"]) == 0  # the checkpoint keeps the config it trained with
+    assert "auc" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("dense,sparse,shown", [(12, 26, "12 dense and [C1"), (13, 25, "13 dense and [C1, C2, C3, C4, C5, C6, ... (19 more)]")])
+def test_evaluate_refuses_data_of_another_width_than_the_model(workspace, capsys, block_run, dense, sparse, shown):
+    names = [f"I{i}" for i in range(1, dense + 1)] + [f"C{i}" for i in range(1, sparse + 1)]
+    lines = [",".join(["label", *names])] + [",".join([str(r % 2), *(str(r + c) for c in range(len(names)))]) for r in range(40)]
+    (workspace / "clicks.csv").write_text("\n".join(lines) + "\n")
+    schema = {"label": "label", "dense": names[:dense], "categorical": names[dense:]}
+    (workspace / "schema.yaml").write_text(yaml.safe_dump(schema))
+    message = refused(capsys, "evaluate", "--checkpoint", block_run, "--data", "clicks.csv", "--data-format", "csv", "--schema", "schema.yaml", "--no-progress")
+    assert f"the data has different features than the model: {shown}" in message and "the model's 13 and [C1" in message

@@ -679,23 +679,25 @@ def from_dict(d: dict) -> RunConfig:
     return cfg
 
 
+def read_file(path: str | Path) -> dict:
+    """The sections of the YAML config file ``path``, as read (not yet checked against the fields)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
+    try:
+        d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 YAML") from None
+    except yaml.YAMLError as e:
+        raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+    if not isinstance(d, dict):
+        raise DistrecError(f"config file {str(p)!r} must hold a mapping of sections (data, model, train)")
+    return d
+
+
 def load(path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply a preset, then ``key=value`` overrides."""
-    d: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
-        try:
-            d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise DistrecError(
-                f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 YAML"
-            ) from None
-        except yaml.YAMLError as e:
-            raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
-        if not isinstance(d, dict):
-            raise DistrecError(f"config file {str(p)!r} must hold a mapping of sections (data, model, train)")
+    d = read_file(path) if path is not None else {}
     if preset is not None:
         d.setdefault("model", {})
         if not isinstance(d["model"], dict):

@@ -377,7 +377,13 @@ class TwoTierStore:
             )
         self._init = None  # every row is replaced: no initial values to make
         for start, end in self._chunks(self.num_rows, "loading rows", progress):
-            self.slow[start:end].numpy()[...] = saved.rows(start, end)
+            rows = saved.rows(start, end)
+            if not np.isfinite(rows).all():
+                bad = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                raise DistrecError(
+                    f"the embedding rows in {str(directory)!r} hold NaN or infinity (row {bad} first); resume from another checkpoint or retrain"
+                )
+            self.slow[start:end].numpy()[...] = rows
         self.fast = self._read_slow(self.hot_ids, self.width).to(self.device)
         self._base = FileIdentity.of(saved.base_path)
         self._changed.zero_()
