@@ -177,6 +177,62 @@ def test_simulate_refuses_non_positive_clusters_and_non_finite_workloads(capsys,
     assert problem in refused(capsys, *argv)
 
 
+@pytest.mark.parametrize(
+    "flags,problem",
+    [
+        (["--sync-every", 5], "--sync-every sets how often a periodic sync averages the replicas; add --replica-sync periodic or drop it"),
+        (["--replica-sync", "periodic"], "--replica-sync periodic averages the replicas of replica groups, and the run has one group; add --replica-groups G"),
+        (["--sample-rate", 0.5], "--sample-rate applies to Hotline, which this run does not use; add --hotline or drop --sample-rate"),
+        (["--hot-budget", "1MB", "--relearn-every", 5], "--hot-budget applies to Hotline, which this run does not use; add --hotline or drop --hot-budget"),
+        (["--sharding", "row_wise", "--plan", "plan.json"], "--plan places every table, so --sharding would be ignored; drop one of them"),
+    ],
+)
+def test_train_refuses_a_flag_its_run_would_ignore(capsys, flags, problem):
+    assert problem in refused(capsys, "train", *TINY_SYNTHETIC, "--max-steps", 1, *flags)
+
+
+@pytest.mark.parametrize(
+    "section,problem",
+    [
+        ("parallel:\n  sync_every: 5\n", "--sync-every sets how often a periodic sync"),
+        ("parallel:\n  replica_sync: periodic\n", "the run has one group"),
+        ("parallel:\n  sharding: row_wise\n  plan: plan.json\n", "--plan places every table"),
+    ],
+)
+def test_a_config_file_setting_what_its_run_would_ignore_is_refused(workspace, capsys, section, problem):
+    (workspace / "run.yaml").write_text(section)
+    assert problem in refused(capsys, "train", "--config", "run.yaml", "--max-steps", 1, "--no-progress")
+
+
+def test_a_preset_with_a_config_file_that_sets_the_architecture_is_refused(workspace, capsys):
+    (workspace / "run.yaml").write_text("model:\n  embedding_dim: -3\n")  # the preset would drop even this unread
+    message = refused(capsys, "train", "--config", "run.yaml", "--preset", "tiny", "--max-steps", 1, "--no-progress")
+    assert (
+        message
+        == "--preset tiny replaces the architecture that config file 'run.yaml' sets in its model: section; drop --preset, or set model.preset in the file"
+    )
+
+
+def test_hotline_settings_in_a_config_file_without_hotline_are_kept_for_later(workspace, capsys):
+    """A config file may hold Hotline's settings with Hotline off (switched on by --hotline):
+    only the flags, which say the user meant them for this run, are refused."""
+    from distrec import config
+
+    (workspace / "run.yaml").write_text("hotline:\n  enabled: false\n  hot_budget: 1MB\n  sample_rate: 0.5\n")
+    assert config.load(workspace / "run.yaml").hotline.hot_budget == "1MB"
+
+
+def test_resuming_a_periodic_2d_run_as_one_group_drops_its_replica_sync(tmp_path):
+    from distrec import config
+    from distrec.train.run import resume_config
+
+    saved = config.load(None, ["parallel.replica_groups=2", "parallel.replica_sync=periodic", "parallel.sync_every=3"], preset="tiny")
+    config.save(saved, tmp_path / "config.yaml")
+    resumed = resume_config(tmp_path, None, 10, None, parallel={"replica_groups": 1})
+    assert (resumed.parallel.replica_groups, resumed.parallel.replica_sync, resumed.parallel.sync_every) == (1, "exact", 10)
+    assert resume_config(tmp_path, None, 10, None).parallel.sync_every == 3
+
+
 # ----------------------------------------------------------------------------- 2. messages that blame the right thing
 
 

@@ -527,6 +527,18 @@ COMBINATION_RULES: list[Rule] = [
         "--replica-average chooses how a periodic sync averages rows; add --replica-sync periodic or drop it",
     ),
     Rule(
+        lambda c, w: c.parallel.sync_every != ParallelConfig.sync_every and c.parallel.replica_sync != "periodic",
+        "--sync-every sets how often a periodic sync averages the replicas; add --replica-sync periodic or drop it",
+    ),
+    Rule(
+        lambda c, w: c.parallel.replica_sync == "periodic" and c.parallel.replica_groups == 1,
+        "--replica-sync periodic averages the replicas of replica groups, and the run has one group; add --replica-groups G (G > 1) or drop it",
+    ),
+    Rule(
+        lambda c, w: bool(c.parallel.plan) and bool(c.parallel.sharding),
+        "--plan places every table, so --sharding would be ignored; drop one of them",
+    ),
+    Rule(
         lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,
         "--replica-groups must divide the number of processes (each group has as many ranks); change it or --nproc-per-node",
     ),
@@ -699,10 +711,11 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, pre
     """Load a YAML config (or the defaults), apply a preset, then ``key=value`` overrides."""
     d = read_file(path) if path is not None else {}
     if preset is not None:
-        d.setdefault("model", {})
-        if not isinstance(d["model"], dict):
-            raise DistrecError("config section 'model' must be a mapping")
-        # a command-line preset replaces the file's architecture
+        if d.get("model"):  # the preset would replace the section unread
+            raise DistrecError(
+                f"--preset {preset} replaces the architecture that config file {str(path)!r} sets in its model: section; "
+                "drop --preset, or set model.preset in the file"
+            )
         d["model"] = {"preset": preset}
     for item in overrides or []:
         set_value(d, item)

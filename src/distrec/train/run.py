@@ -180,6 +180,9 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
     parallel = parallel or {}
     if "plan" in parallel or "sharding" in parallel:  # a new plan replaces the saved one
         cfg.parallel.plan = cfg.parallel.sharding = None
+    if parallel.get("replica_groups") == 1:  # plain sharding: no replicas to sync
+        plain = config_mod.ParallelConfig()
+        cfg.parallel.replica_sync, cfg.parallel.sync_every, cfg.parallel.replica_average = plain.replica_sync, plain.sync_every, plain.replica_average
     for key, value in parallel.items():
         setattr(cfg.parallel, key, value)
     config_mod.validate(cfg)
