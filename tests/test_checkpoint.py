@@ -306,6 +306,22 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert_same(parameters(run), before)
 
 
+def test_a_full_disk_at_a_hotline_runs_first_save_counts_its_rows_and_claims_no_previous_checkpoint(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from distrec.hotline import tiers
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiers, "write_rows", disk_full)
+    argv = ["train", *TINY, "--set", "data.synthetic.table_rows=2000", "--hotline", "--hot-budget", "2KB", "--max-steps", 2, "--out", tmp_path / "run"]
+    line = assert_one_line_error(capsys, argv, f"no space left to save the checkpoint {str(tmp_path / 'run' / 'checkpoint')!r}", "pass another --out")
+    assert "previous checkpoint" not in line  # there was none
+    needed = float(line.split("needs about ")[1].split(" MiB")[0])
+    assert needed * 2**20 >= 26 * 2000 * (8 + 1) * 4  # at least the rows file (1.8 MB, the rest 0.1): 26 tables of 2000 rows, dim 8 and Adagrad's row state
+
+
 def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(tmp_path, monkeypatch):
     """Hotline's base rows (maybe larger than RAM) are shared by hard links: a new checkpoint
     takes their checksum from the one it links from, and the result verifies."""

@@ -325,6 +325,34 @@ def test_a_hotline_rows_file_cut_short_is_one_line_naming_its_size_not_a_bus_err
     assert f"the embedding rows file '{rows}' has {full // 2} bytes, expected {full}" in message and "resume from another checkpoint" in message
 
 
+TRUNCATED_MID_RUN = """
+import os, sys
+from distrec.hotline.training import HotlineTraining
+step, path = HotlineTraining.step, sys.argv[1]
+def step_then_cut(self, *args, **kwargs):
+    self.steps_done = getattr(self, "steps_done", 0) + 1
+    if self.steps_done == 3:  # another program cuts the file mid-run
+        os.truncate(path, os.path.getsize(path) // 2)
+    return step(self, *args, **kwargs)
+HotlineTraining.step = HotlineTraining.__call__ = step_then_cut
+from distrec.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_slow_tier_file_cut_short_mid_run_is_one_line_not_a_bus_error(workspace):
+    rows = workspace / "rows.f32"
+    np.zeros((26 * 50, 8 + 1), np.float32).tofile(rows)  # the tiny preset's 26 tables of 50 rows: dim 8 and Adagrad's row state
+    argv = ["train", *TINY_SYNTHETIC, "--set", "train.threads=1", "--hotline", "--hot-budget", "2KB", "--relearn-every", 2, "--sample-rate", 1]
+    argv += ["--set", f"hotline.slow_tier_file={rows}", "--max-steps", 6, "--out", workspace / "run"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", TRUNCATED_MID_RUN, str(rows), *map(str, argv)], capture_output=True, text=True, env=env)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("distrec: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"the slow tier's file '{rows}' was truncated to {rows.stat().st_size} bytes while in use (it had 46800)" in errors[0]
+    assert "truncate -s 46800 FILE) and resume from the last checkpoint" in errors[0]
+
+
 def test_a_plan_listing_a_table_twice_names_the_table():
     tables = [TableConfig(f"t{i}", 10, 4) for i in range(2)]
     plan = uniform_plan(tables, 2, "table_wise").to_dict()

@@ -138,9 +138,10 @@ def _disk_full_as_error(target: Path, staging: Path, needed_bytes: int) -> Itera
             shutil.rmtree(staging, ignore_errors=True)
         staging.unlink(missing_ok=True)
         if getattr(e, "errno", None) == errno.ENOSPC or (isinstance(e, RuntimeError) and free < needed_bytes):
+            kept = " (the previous checkpoint is intact)" if (target / META_FILE).is_file() else ""
             raise DistrecError(
                 f"no space left to save the checkpoint {str(target)!r}: it needs about {needed_bytes / 2**20:,.2f} MiB "
-                f"and {free / 2**20:,.2f} MiB are free; free some space or pass another --out (the previous checkpoint is intact)"
+                f"and {free / 2**20:,.2f} MiB are free; free some space or pass another --out{kept}"
             ) from None
         raise
 
@@ -173,16 +174,22 @@ def _write_meta(directory: Path, meta: dict[str, Any], checksums: dict[str, str]
 
 
 def save_checkpoint(
-    run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None, name: str = CHECKPOINT_DIR
+    run_dir: Path,
+    states: dict[int, dict[str, Any]],
+    meta: dict[str, Any],
+    write_files: Callable[[Path], None] | None = None,
+    name: str = CHECKPOINT_DIR,
+    files_bytes: int = 0,
 ) -> Path:
     """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/``name``.
 
     ``write_files(directory)``, when given, adds files too large for a state dict (Hotline's
-    tables) to the checkpoint directory while it is being built. Raises DistrecError when the
-    disk is full (the previous checkpoint stays, the partial one is removed).
+    tables, at most ``files_bytes``) to the checkpoint directory while it is being built.
+    Raises DistrecError when the disk is full (the previous checkpoint stays, the partial one
+    is removed).
     """
     target = Path(run_dir) / name
-    needed = max(sum(_tensor_bytes(state) for state in states.values()), _directory_bytes(target))
+    needed = max(sum(_tensor_bytes(state) for state in states.values()) + files_bytes, _directory_bytes(target))  # the last one's size, with its file overheads
     with atomic_directory(target) as tmp, _disk_full_as_error(target, tmp, needed):
         for rank, state in states.items():
             torch.save(state, tmp / state_file(rank))

@@ -146,7 +146,7 @@ class Checkpointer:
         ctx = self.mode.ctx
         if ctx.world_size == 1:
             meta["blocks"] = [{"rank": 0, "block": b} for b in index]
-            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.format.write_files, name=name)
+            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.format.write_files, name=name, files_bytes=self.format.files_bytes())
             return
         every: list[list[dict]] = [None] * ctx.world_size  # type: ignore[list-item]
         dist.all_gather_object(every, index)
