@@ -11,7 +11,17 @@ import torch
 
 from distrec import io
 from distrec.cli import main
-from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
+from distrec.components.checkpoint import (
+    CHECKSUMS,
+    IDENTITIES,
+    META_CHECKSUM,
+    META_FILE,
+    file_checksum,
+    find_checkpoint,
+    has_checkpoint,
+    meta_checksum,
+    read_meta,
+)
 from distrec.errors import DistrecError
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.parallel.reshard import export_blocks
@@ -155,13 +165,17 @@ class MakesMarker:
         return (os.system, (f"touch {self.path}",))
 
 
-def rewrite_checksum(checkpoint, name):
-    """Record the current bytes of ``name`` in meta.json, as a forger would."""
-    from distrec.components.checkpoint import file_checksum
+def forge_meta(checkpoint, edit):
+    """Apply ``edit`` (meta dict -> None) to meta.json and record its new checksum, as a forger would."""
+    meta = json.loads((checkpoint / META_FILE).read_text())
+    edit(meta)
+    meta[META_CHECKSUM] = meta_checksum(meta)
+    (checkpoint / META_FILE).write_text(json.dumps(meta))
 
-    meta = json.loads((checkpoint / "meta.json").read_text())
-    meta["sha256"][name] = file_checksum(checkpoint / name)
-    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+def rewrite_checksum(checkpoint, name):
+    """Record the current bytes of ``name`` in meta.json (and forget its identity), as a forger would."""
+    forge_meta(checkpoint, lambda meta: (meta[CHECKSUMS].update({name: file_checksum(checkpoint / name)}), meta[IDENTITIES].pop(name, None)))
 
 
 @pytest.fixture
@@ -202,7 +216,8 @@ def test_an_old_pickled_checkpoint_loads_only_when_trusted(tmp_path, capsys, run
     torch.save(own, checkpoint / "state-rank0.pt")
     meta = json.loads((checkpoint / "meta.json").read_text())
     meta["format_version"] = 2
-    del meta["sha256"]
+    for key in ("sha256", META_CHECKSUM):  # format 2 had neither
+        del meta[key]
     (checkpoint / "meta.json").write_text(json.dumps(meta))
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], "pickled Python objects", "--trust-checkpoint")
     assert main(["evaluate", "--checkpoint", str(run), "--no-progress", "--trust-checkpoint"]) == 0
@@ -245,6 +260,23 @@ def test_a_broken_meta_json_is_named_in_one_line(capsys, run, content):
     assert_one_line_error(capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(run / "checkpoint" / "meta.json"), "earlier checkpoint")
 
 
+def test_an_edited_meta_json_is_named_in_one_line_unless_its_checksum_entry_is_deleted(capsys, run):
+    """meta.json holds the SHA-256 of its other entries: a changed value (a flipped digit) is
+    caught; a checkpoint without the entry (written before it existed) loads."""
+    path = run / "checkpoint" / META_FILE
+    meta = json.loads(path.read_text())
+    assert meta[META_CHECKSUM] == meta_checksum(meta)
+    path.write_text(path.read_text().replace('"step": 4', '"step": 5'))
+    assert_one_line_error(
+        capsys, ["evaluate", "--checkpoint", run, "--no-progress"], str(path), f"is corrupt (its {META_CHECKSUM} differs", f"delete its {META_CHECKSUM} entry"
+    )
+    meta = json.loads(path.read_text())
+    del meta[META_CHECKSUM]
+    path.write_text(json.dumps(meta, indent=4))
+    assert read_meta(find_checkpoint(run))["step"] == 5
+    assert main(["evaluate", "--checkpoint", str(run), "--no-progress"]) == 0
+
+
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(capsys, run, monkeypatch):
     """torch.save on a full disk: the file system refuses a write part way (ENOSPC)."""
     import errno
@@ -272,6 +304,22 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert [p.name for p in run.iterdir() if p.name.startswith(".checkpoint")] == []  # the staging folder is gone
     assert read_meta(find_checkpoint(run))["step"] == 4
     assert_same(parameters(run), before)
+
+
+def test_a_full_disk_at_a_hotline_runs_first_save_counts_its_rows_and_claims_no_previous_checkpoint(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from distrec.hotline import tiers
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiers, "write_rows", disk_full)
+    argv = ["train", *TINY, "--set", "data.synthetic.table_rows=2000", "--hotline", "--hot-budget", "2KB", "--max-steps", 2, "--out", tmp_path / "run"]
+    line = assert_one_line_error(capsys, argv, f"no space left to save the checkpoint {str(tmp_path / 'run' / 'checkpoint')!r}", "pass another --out")
+    assert "previous checkpoint" not in line  # there was none
+    needed = float(line.split("needs about ")[1].split(" MiB")[0])
+    assert needed * 2**20 >= 26 * 2000 * (8 + 1) * 4  # at least the rows file (1.8 MB, the rest 0.1): 26 tables of 2000 rows, dim 8 and Adagrad's row state
 
 
 def test_a_file_hard_linked_from_the_last_checkpoint_keeps_its_checksum_unread(tmp_path, monkeypatch):
@@ -330,8 +378,6 @@ def test_a_malformed_file_identity_entry_is_one_line(tmp_path):
     from distrec.components import checkpoint
 
     checkpoint.save_checkpoint(tmp_path, {0: {"x": torch.arange(4)}}, {"step": 1})
-    meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
-    meta["file_identity"] = [1, 2]
-    (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps(meta))
+    forge_meta(tmp_path / "checkpoint", lambda meta: meta.update(file_identity=[1, 2]))
     with pytest.raises(DistrecError, match="malformed file_identity; delete that entry"):
         read_meta(tmp_path / "checkpoint")

@@ -25,10 +25,14 @@ def test_preset_then_overrides(tmp_path):
     assert (cfg.train.lr, cfg.train.batch_size) == (0.5, 64)
 
 
-def test_command_line_preset_replaces_file_architecture(tmp_path):
+@pytest.mark.parametrize("model", ["model:\n  preset: dlrm-mlperf\n", "model:\n  embedding_dim: -3\n"])
+def test_a_command_line_preset_is_refused_with_a_file_that_sets_the_architecture(tmp_path, model):
     f = tmp_path / "exp.yaml"
-    f.write_text("model:\n  preset: dlrm-mlperf\n")
-    assert config.load(f, preset="tiny").model.embedding_dim == 8
+    f.write_text(f"train:\n  lr: 0.5\n{model}")
+    with pytest.raises(DistrecError, match=f"--preset tiny replaces the architecture that config file '{f}' sets in its model: section; drop --preset"):
+        config.load(f, preset="tiny")
+    f.write_text("train:\n  lr: 0.5\nmodel:\n")
+    assert config.load(f, preset="tiny").model.embedding_dim == 8  # no architecture in the file: the preset's
 
 
 def test_round_trip_through_yaml(tmp_path):

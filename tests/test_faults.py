@@ -21,12 +21,12 @@ import sys
 import termios
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 from distrec.cli import main
-from distrec.components.checkpoint import CHECKSUMS, IDENTITIES, META_FILE, file_checksum
 from distrec.errors import DistrecError
 from distrec.hotline.row_files import BASE_FILE
 from distrec.parallel.default_plans import uniform_plan
@@ -35,6 +35,7 @@ from distrec.planner.calibrate import SampleCosts
 from distrec.planner.cost_models import CommCostNet, ComputeCostNet, ComputeEnsemble, CostModels
 from distrec.planner.store import COST_MODELS_FILE
 from distrec.tables import TableConfig
+from test_checkpoint import forge_meta, rewrite_checksum
 from test_planner_cost_models import write_synthetic_costs
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -73,6 +74,14 @@ def tables_file(workspace) -> Path:
     path = workspace / "tables.yaml"
     path.write_text(yaml.safe_dump(TABLES))
     return path
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory) -> Path:
+    """A tiny one-process run trained for 2 steps (its checkpoint lists its table blocks)."""
+    run = tmp_path_factory.mktemp("blocks") / "run"
+    assert main(["train", *TINY_SYNTHETIC, "--set", "train.threads=1", "--cache-dir", str(run.parent / "cache"), "--max-steps", "2", "--out", str(run)]) == 0
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +177,62 @@ def test_simulate_refuses_non_positive_clusters_and_non_finite_workloads(capsys,
     assert problem in refused(capsys, *argv)
 
 
+@pytest.mark.parametrize(
+    "flags,problem",
+    [
+        (["--sync-every", 5], "--sync-every sets how often a periodic sync averages the replicas; add --replica-sync periodic or drop it"),
+        (["--replica-sync", "periodic"], "--replica-sync periodic averages the replicas of replica groups, and the run has one group; add --replica-groups G"),
+        (["--sample-rate", 0.5], "--sample-rate applies to Hotline, which this run does not use; add --hotline or drop --sample-rate"),
+        (["--hot-budget", "1MB", "--relearn-every", 5], "--hot-budget applies to Hotline, which this run does not use; add --hotline or drop --hot-budget"),
+        (["--sharding", "row_wise", "--plan", "plan.json"], "--plan places every table, so --sharding would be ignored; drop one of them"),
+    ],
+)
+def test_train_refuses_a_flag_its_run_would_ignore(capsys, flags, problem):
+    assert problem in refused(capsys, "train", *TINY_SYNTHETIC, "--max-steps", 1, *flags)
+
+
+@pytest.mark.parametrize(
+    "section,problem",
+    [
+        ("parallel:\n  sync_every: 5\n", "--sync-every sets how often a periodic sync"),
+        ("parallel:\n  replica_sync: periodic\n", "the run has one group"),
+        ("parallel:\n  sharding: row_wise\n  plan: plan.json\n", "--plan places every table"),
+    ],
+)
+def test_a_config_file_setting_what_its_run_would_ignore_is_refused(workspace, capsys, section, problem):
+    (workspace / "run.yaml").write_text(section)
+    assert problem in refused(capsys, "train", "--config", "run.yaml", "--max-steps", 1, "--no-progress")
+
+
+def test_a_preset_with_a_config_file_that_sets_the_architecture_is_refused(workspace, capsys):
+    (workspace / "run.yaml").write_text("model:\n  embedding_dim: -3\n")  # the preset would drop even this unread
+    message = refused(capsys, "train", "--config", "run.yaml", "--preset", "tiny", "--max-steps", 1, "--no-progress")
+    assert (
+        message
+        == "--preset tiny replaces the architecture that config file 'run.yaml' sets in its model: section; drop --preset, or set model.preset in the file"
+    )
+
+
+def test_hotline_settings_in_a_config_file_without_hotline_are_kept_for_later(workspace, capsys):
+    """A config file may hold Hotline's settings with Hotline off (switched on by --hotline):
+    only the flags, which say the user meant them for this run, are refused."""
+    from distrec import config
+
+    (workspace / "run.yaml").write_text("hotline:\n  enabled: false\n  hot_budget: 1MB\n  sample_rate: 0.5\n")
+    assert config.load(workspace / "run.yaml").hotline.hot_budget == "1MB"
+
+
+def test_resuming_a_periodic_2d_run_as_one_group_drops_its_replica_sync(tmp_path):
+    from distrec import config
+    from distrec.train.run import resume_config
+
+    saved = config.load(None, ["parallel.replica_groups=2", "parallel.replica_sync=periodic", "parallel.sync_every=3"], preset="tiny")
+    config.save(saved, tmp_path / "config.yaml")
+    resumed = resume_config(tmp_path, None, 10, None, parallel={"replica_groups": 1})
+    assert (resumed.parallel.replica_groups, resumed.parallel.replica_sync, resumed.parallel.sync_every) == (1, "exact", 10)
+    assert resume_config(tmp_path, None, 10, None).parallel.sync_every == 3
+
+
 # ----------------------------------------------------------------------------- 2. messages that blame the right thing
 
 
@@ -255,13 +320,37 @@ def test_a_hotline_rows_file_cut_short_is_one_line_naming_its_size_not_a_bus_err
     rows = run / "checkpoint" / BASE_FILE
     full = rows.stat().st_size
     os.truncate(rows, full // 2)
-    meta_path = run / "checkpoint" / META_FILE
-    meta = json.loads(meta_path.read_text())
-    meta[CHECKSUMS][BASE_FILE] = file_checksum(rows)
-    meta.get(IDENTITIES, {}).pop(BASE_FILE, None)
-    meta_path.write_text(json.dumps(meta))
+    rewrite_checksum(run / "checkpoint", BASE_FILE)
     message = refused(capsys, "evaluate", "--checkpoint", run, "--no-progress")
     assert f"the embedding rows file '{rows}' has {full // 2} bytes, expected {full}" in message and "resume from another checkpoint" in message
+
+
+TRUNCATED_MID_RUN = """
+import os, sys
+from distrec.hotline.training import HotlineTraining
+step, path = HotlineTraining.step, sys.argv[1]
+def step_then_cut(self, *args, **kwargs):
+    self.steps_done = getattr(self, "steps_done", 0) + 1
+    if self.steps_done == 3:  # another program cuts the file mid-run
+        os.truncate(path, os.path.getsize(path) // 2)
+    return step(self, *args, **kwargs)
+HotlineTraining.step = HotlineTraining.__call__ = step_then_cut
+from distrec.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_slow_tier_file_cut_short_mid_run_is_one_line_not_a_bus_error(workspace):
+    rows = workspace / "rows.f32"
+    np.zeros((26 * 50, 8 + 1), np.float32).tofile(rows)  # the tiny preset's 26 tables of 50 rows: dim 8 and Adagrad's row state
+    argv = ["train", *TINY_SYNTHETIC, "--set", "train.threads=1", "--hotline", "--hot-budget", "2KB", "--relearn-every", 2, "--sample-rate", 1]
+    argv += ["--set", f"hotline.slow_tier_file={rows}", "--max-steps", 6, "--out", workspace / "run"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", TRUNCATED_MID_RUN, str(rows), *map(str, argv)], capture_output=True, text=True, env=env)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("distrec: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"the slow tier's file '{rows}' was truncated to {rows.stat().st_size} bytes while in use (it had 46800)" in errors[0]
+    assert "truncate -s 46800 FILE) and resume from the last checkpoint" in errors[0]
 
 
 def test_a_plan_listing_a_table_twice_names_the_table():
@@ -326,3 +415,84 @@ def test_evaluate_refuses_the_runs_own_rows_once_its_data_changed(shared_data, t
     code = main(["evaluate", "--checkpoint", str(run), "--no-progress"])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("distrec: error:")]
     assert code == 2 and len(err) == 1 and "cannot score the run's own rows on different data" in err[0]
+
+
+# ----------------------------------------------------------------------------- 5. files edited with their checksums recorded again
+
+
+def resume_args(run: Path) -> list[object]:
+    return ["train", "--resume", run, "--max-steps", 4, "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "ids,problem",
+    [
+        (np.array([1, "x", None], dtype=object), "holds Python objects, which loading would run as code"),
+        (np.array([3.5, 1e12]), "holds float64 of shape (2,), not int64 row ids"),
+        (np.array([7, 3], dtype=np.int64), "holds ids that are not ascending unique rows below 1300"),
+    ],
+)
+def test_a_hot_set_file_of_objects_or_nonsense_is_one_line_and_never_unpickled(workspace, capsys, hotline_run, ids, problem):
+    run = Path(shutil.copytree(hotline_run, workspace / "run"))
+    path = run / "checkpoint" / "hotline-hot-ids.npy"
+    np.save(path, ids, allow_pickle=True)
+    rewrite_checksum(run / "checkpoint", path.name)
+    assert f"the hot set file '{path}' {problem}; resume from another checkpoint" in refused(capsys, *resume_args(run))
+
+
+def test_nan_rows_in_a_hotline_rows_file_are_named_on_resume_and_evaluate(workspace, capsys, hotline_run):
+    run = Path(shutil.copytree(hotline_run, workspace / "run"))
+    path = run / "checkpoint" / BASE_FILE
+    rows = np.load(path)
+    rows[5:9] = np.nan
+    np.save(path, rows)
+    rewrite_checksum(run / "checkpoint", BASE_FILE)
+    assert f"the embedding rows in '{run / 'checkpoint'}' hold NaN or infinity (row 5 first)" in refused(capsys, *resume_args(run))
+    message = refused(capsys, "evaluate", "--checkpoint", run, "--no-progress", "--split", "all")  # the mapped rows are not read whole: the scores show it
+    assert re.search(r"the model predicts NaN for \d+ of 600 rows: its weights hold NaN or infinity; score an earlier checkpoint", message), message
+
+
+@pytest.mark.parametrize(
+    "edit,problem",
+    [
+        (lambda meta: meta.pop("tables"), "holds no tables"),
+        (lambda meta: meta["tables"][0].update(num_rows="many"), 'has a malformed tables entry {"name": "C1", "num_rows": "many"'),
+        (lambda meta: meta["blocks"][0].update(rank=3), "has a malformed blocks entry"),
+        (lambda meta: meta["blocks"][0]["block"].update(row_end=10**6), "has a malformed blocks entry"),
+        (lambda meta: meta["blocks"][0]["block"].pop("col_end"), "has a malformed blocks entry"),
+        (lambda meta: meta.pop("num_dense"), "holds no num_dense"),
+        (lambda meta: meta["config"]["train"].update(lr="fast"), "holds an invalid config (config key 'train.lr' expects float, got 'fast')"),
+    ],
+)
+@pytest.mark.parametrize("command", ["evaluate", "resume"])
+def test_a_meta_json_lacking_or_garbling_the_runs_entries_is_one_line(workspace, capsys, block_run, edit, problem, command):
+    run = Path(shutil.copytree(block_run, workspace / "run"))
+    forge_meta(run / "checkpoint", edit)
+    argv = ["evaluate", "--checkpoint", run, "--no-progress"] if command == "evaluate" else resume_args(run)
+    message = refused(capsys, *argv)
+    assert message.startswith(f"checkpoint metadata '{run / 'checkpoint' / 'meta.json'}' {problem}") and "resume from an earlier checkpoint" in message
+
+
+def test_a_hand_edited_run_config_is_named_on_resume_and_evaluate_scores_with_the_checkpoints_own(workspace, capsys, block_run):
+    run = Path(shutil.copytree(block_run, workspace / "run"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["lr"] = -1.0
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    message = refused(capsys, *resume_args(run))
+    assert (
+        message
+        == f"the run's settings '{run / 'config.yaml'}' are invalid (train.lr is -1.0; it must be positive); put back the value the run was trained with"
+    )
+    assert main(["evaluate", "--checkpoint", str(run), "--no-progress"]) == 0  # the checkpoint keeps the config it trained with
+    assert "auc" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("dense,sparse,shown", [(12, 26, "12 dense and [C1"), (13, 25, "13 dense and [C1, C2, C3, C4, C5, C6, ... (19 more)]")])
+def test_evaluate_refuses_data_of_another_width_than_the_model(workspace, capsys, block_run, dense, sparse, shown):
+    names = [f"I{i}" for i in range(1, dense + 1)] + [f"C{i}" for i in range(1, sparse + 1)]
+    lines = [",".join(["label", *names])] + [",".join([str(r % 2), *(str(r + c) for c in range(len(names)))]) for r in range(40)]
+    (workspace / "clicks.csv").write_text("\n".join(lines) + "\n")
+    schema = {"label": "label", "dense": names[:dense], "categorical": names[dense:]}
+    (workspace / "schema.yaml").write_text(yaml.safe_dump(schema))
+    message = refused(capsys, "evaluate", "--checkpoint", block_run, "--data", "clicks.csv", "--data-format", "csv", "--schema", "schema.yaml", "--no-progress")
+    assert f"the data has different features than the model: {shown}" in message and "the model's 13 and [C1" in message

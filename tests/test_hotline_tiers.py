@@ -114,6 +114,30 @@ def test_disk_tier_too_large_for_the_disk_is_a_user_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_slow_tier_file_cut_short_in_use_is_named_before_any_access_past_its_end(tmp_path):
+    """Each gather, write-back, tier move and save checks the file's size first: without it the
+    first access past the new end would kill the process with SIGBUS."""
+    path = tmp_path / "rows.f32"
+    np.zeros((ROWS, WIDTH), np.float32).tofile(path)
+    gen = torch.Generator().manual_seed(0)
+    with TwoTierStore(ROWS, WIDTH, torch.device("cpu"), init=None, slow_file=path) as store:
+        store.set_hot(np.array([1, 2]))
+        os.truncate(path, ROWS * WIDTH * 4 // 2)
+        last = torch.tensor([ROWS - 1])
+        accesses = {
+            "gather": lambda: store.gather(last),
+            "write-back": lambda: update(store, last, torch.randn(1, DIM, generator=gen)),
+            "tier move": lambda: store.set_hot(np.array([ROWS - 1])),
+            "save": lambda: store.save(tmp_path / "checkpoint"),
+        }
+        (tmp_path / "checkpoint").mkdir()
+        for access in accesses.values():
+            with pytest.raises(DistrecError, match=f"the slow tier's file '{path}' was truncated to {ROWS * WIDTH * 2} bytes while in use"):
+                access()
+        os.truncate(path, ROWS * WIDTH * 4)  # its size back: the store works on
+        assert store.gather(last).shape == (1, WIDTH)
+
+
 def test_bad_hot_ids_are_rejected(tmp_path):
     store, _ = make_store(tmp_path, "host")
     with store, pytest.raises(ValueError):

@@ -537,6 +537,18 @@ COMBINATION_RULES: list[Rule] = [
         "--replica-average chooses how a periodic sync averages rows; add --replica-sync periodic or drop it",
     ),
     Rule(
+        lambda c, w: c.parallel.sync_every != ParallelConfig.sync_every and c.parallel.replica_sync != "periodic",
+        "--sync-every sets how often a periodic sync averages the replicas; add --replica-sync periodic or drop it",
+    ),
+    Rule(
+        lambda c, w: c.parallel.replica_sync == "periodic" and c.parallel.replica_groups == 1,
+        "--replica-sync periodic averages the replicas of replica groups, and the run has one group; add --replica-groups G (G > 1) or drop it",
+    ),
+    Rule(
+        lambda c, w: bool(c.parallel.plan) and bool(c.parallel.sharding),
+        "--plan places every table, so --sharding would be ignored; drop one of them",
+    ),
+    Rule(
         lambda c, w: w is not None and c.parallel.replica_groups > 1 and w % c.parallel.replica_groups != 0,
         "--replica-groups must divide the number of processes (each group has as many ranks); change it or --nproc-per-node",
     ),
@@ -689,28 +701,31 @@ def from_dict(d: dict) -> RunConfig:
     return cfg
 
 
+def read_file(path: str | Path) -> dict:
+    """The sections of the YAML config file ``path``, as read (not yet checked against the fields)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
+    try:
+        d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise DistrecError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 YAML") from None
+    except yaml.YAMLError as e:
+        raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+    if not isinstance(d, dict):
+        raise DistrecError(f"config file {str(p)!r} must hold a mapping of sections (data, model, train)")
+    return d
+
+
 def load(path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply a preset, then ``key=value`` overrides."""
-    d: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise DistrecError(f"config file {str(p)!r} not found; check the --config path")
-        try:
-            d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise DistrecError(
-                f"config file {str(p)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 YAML"
-            ) from None
-        except yaml.YAMLError as e:
-            raise DistrecError(f"config file {str(p)!r} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
-        if not isinstance(d, dict):
-            raise DistrecError(f"config file {str(p)!r} must hold a mapping of sections (data, model, train)")
+    d = read_file(path) if path is not None else {}
     if preset is not None:
-        d.setdefault("model", {})
-        if not isinstance(d["model"], dict):
-            raise DistrecError("config section 'model' must be a mapping")
-        # a command-line preset replaces the file's architecture
+        if d.get("model"):  # the preset would replace the section unread
+            raise DistrecError(
+                f"--preset {preset} replaces the architecture that config file {str(path)!r} sets in its model: section; "
+                "drop --preset, or set model.preset in the file"
+            )
         d["model"] = {"preset": preset}
     for item in overrides or []:
         set_value(d, item)

@@ -72,6 +72,14 @@ def config_from_args(args: argparse.Namespace):
     return cfg
 
 
+def check_hotline_flags(args: argparse.Namespace, cfg: Any) -> None:
+    """DistrecError when a flag of Hotline's (``--hot-budget``, ...) is given for a run without
+    Hotline, which would ignore it."""
+    given = [f.option for f in FLAGS if f.group == "hotline" and f.field != "hotline.enabled" and getattr(args, f.dest, None) is not None]
+    if given and not cfg.hotline.enabled:
+        raise DistrecError(f"{given[0]} applies to Hotline, which this run does not use; add --hotline or drop {given[0]}")
+
+
 def data_options(args: argparse.Namespace) -> dict[str, Any]:
     """The data flags of a scoring command (``add_data_args``), as the scoring functions name them."""
     return {"data_path": args.data, "data_format": args.data_format, "schema": args.schema, "cache_dir": args.cache_dir, "strict": args.strict}

@@ -15,7 +15,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, config_from_args, trusting
+from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, check_hotline_flags, config_from_args, trusting
 from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure
 from distrec.cli.flags import FLAGS, add_flags
 from distrec.errors import DistrecError
@@ -176,6 +176,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.trust_checkpoint:
             raise DistrecError("--trust-checkpoint applies to a checkpoint being loaded; use it with --resume DIR")
         cfg = config_from_args(args)
+        check_hotline_flags(args, cfg)
         resolve_paths(cfg.data)  # the saved config names the same files from any working directory
         out = Path(args.out) if args.out else _default_out()
     with holding_run(out) if "LOCAL_RANK" not in os.environ else nullcontext():  # workers run under their launcher's lock

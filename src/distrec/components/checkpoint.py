@@ -7,7 +7,8 @@ fails (a full disk) removes its staging directory and leaves the previous one in
 Loading never runs code: state files hold tensors, numbers, strings, lists and dicts only
 and are read with ``torch.load(weights_only=True)``; ``meta.json`` keeps each file's
 SHA-256, checked before the file is read, so a truncated or overwritten file is named
-instead of loaded. A file that had settled when it was saved (Hotline's base rows, tens of
+instead of loaded, and the SHA-256 of its own other entries (``meta_checksum``; checked when
+present: checkpoints written before it have none). A file that had settled when it was saved (Hotline's base rows, tens of
 GB) also has its identity recorded and is not read again while it keeps it
 (``_settled_identities``). Checkpoints of format 2 (before both) pickled NumPy's RNG state:
 they load only inside ``trusting_pickles()`` (``--trust-checkpoint``), after a warning line.
@@ -41,6 +42,7 @@ FORMAT_VERSION = 3
 PICKLED_FORMAT_VERSION = 2  # loads only with trusting_pickles()
 CHECKSUMS = "sha256"  # meta.json key: file name -> SHA-256 hex digest of that file
 IDENTITIES = "file_identity"  # meta.json key: file name -> [device, inode, bytes, mtime ns] of a settled file
+META_CHECKSUM = "meta_checksum"  # meta.json key: SHA-256 of meta.json's other entries (``meta_checksum``)
 SETTLED_NS = 2_000_000_000
 """A file last modified this long (ns) before its identity is recorded has settled: a later
 write gets a later mtime, even on file systems whose clock ticks coarsely."""
@@ -136,9 +138,10 @@ def _disk_full_as_error(target: Path, staging: Path, needed_bytes: int) -> Itera
             shutil.rmtree(staging, ignore_errors=True)
         staging.unlink(missing_ok=True)
         if getattr(e, "errno", None) == errno.ENOSPC or (isinstance(e, RuntimeError) and free < needed_bytes):
+            kept = " (the previous checkpoint is intact)" if (target / META_FILE).is_file() else ""
             raise DistrecError(
                 f"no space left to save the checkpoint {str(target)!r}: it needs about {needed_bytes / 2**20:,.2f} MiB "
-                f"and {free / 2**20:,.2f} MiB are free; free some space or pass another --out (the previous checkpoint is intact)"
+                f"and {free / 2**20:,.2f} MiB are free; free some space or pass another --out{kept}"
             ) from None
         raise
 
@@ -157,22 +160,36 @@ def _settled_identities(directory: Path, names: list[str]) -> dict[str, list[int
     return {name: identity for name, identity in identities.items() if now - identity[3] > SETTLED_NS}
 
 
+def meta_checksum(meta: dict[str, Any]) -> str:
+    """SHA-256 hex digest of the entries of ``meta`` but ``META_CHECKSUM``, as canonical JSON
+    (keys sorted, no spaces): the same for any indentation or key order of the file."""
+    rest = {key: value for key, value in meta.items() if key != META_CHECKSUM}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _write_meta(directory: Path, meta: dict[str, Any], checksums: dict[str, str]) -> None:
     identities = _settled_identities(directory, sorted(checksums))
-    (directory / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums, IDENTITIES: identities}, indent=2))
+    content = {"format_version": FORMAT_VERSION, **meta, CHECKSUMS: checksums, IDENTITIES: identities}
+    (directory / META_FILE).write_text(json.dumps({**content, META_CHECKSUM: meta_checksum(content)}, indent=2))
 
 
 def save_checkpoint(
-    run_dir: Path, states: dict[int, dict[str, Any]], meta: dict[str, Any], write_files: Callable[[Path], None] | None = None, name: str = CHECKPOINT_DIR
+    run_dir: Path,
+    states: dict[int, dict[str, Any]],
+    meta: dict[str, Any],
+    write_files: Callable[[Path], None] | None = None,
+    name: str = CHECKPOINT_DIR,
+    files_bytes: int = 0,
 ) -> Path:
     """Write ``states`` (rank -> state dict of tensors) and ``meta`` (JSON) as run_dir/``name``.
 
     ``write_files(directory)``, when given, adds files too large for a state dict (Hotline's
-    tables) to the checkpoint directory while it is being built. Raises DistrecError when the
-    disk is full (the previous checkpoint stays, the partial one is removed).
+    tables, at most ``files_bytes``) to the checkpoint directory while it is being built.
+    Raises DistrecError when the disk is full (the previous checkpoint stays, the partial one
+    is removed).
     """
     target = Path(run_dir) / name
-    needed = max(sum(_tensor_bytes(state) for state in states.values()), _directory_bytes(target))
+    needed = max(sum(_tensor_bytes(state) for state in states.values()) + files_bytes, _directory_bytes(target))  # the last one's size, with its file overheads
     with atomic_directory(target) as tmp, _disk_full_as_error(target, tmp, needed):
         for rank, state in states.items():
             torch.save(state, tmp / state_file(rank))
@@ -253,6 +270,11 @@ def _meta_json(checkpoint: Path) -> dict[str, Any]:
         raise DistrecError(f"checkpoint metadata {str(path)!r} is unreadable ({type(e).__name__}); {RESTART_FIX}") from None
     if not isinstance(meta, dict) or "format_version" not in meta:
         raise DistrecError(f"checkpoint metadata {str(path)!r} holds no format_version; {RESTART_FIX}")
+    if META_CHECKSUM in meta and meta[META_CHECKSUM] != meta_checksum(meta):  # absent before distrec wrote it
+        raise DistrecError(
+            f"checkpoint metadata {str(path)!r} is corrupt (its {META_CHECKSUM} differs from its content); {RESTART_FIX} "
+            f"(after an edit on purpose, delete its {META_CHECKSUM} entry)"
+        )
     version = meta["format_version"]
     if version not in (FORMAT_VERSION, PICKLED_FORMAT_VERSION):
         raise DistrecError(f"checkpoint {str(checkpoint)!r} has format {version}, this distrec reads {FORMAT_VERSION}; use the matching distrec version")

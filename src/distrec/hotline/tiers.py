@@ -56,6 +56,34 @@ RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]
 NOT_HOT = -1  # the slot map's entry of a row in the slow tier
 
 
+class BackingFile:
+    """The open file a disk tier maps in place, whose size is checked before the tier is read or
+    written: a file cut short under the map would end the process with SIGBUS ("Bus error") at
+    the first access past its new end. A check is one ``fstat``; a cut that lands between a
+    check and the access still ends in SIGBUS (docs/hotline.md).
+
+    Args:
+        fd: the file, open (this object closes it).
+        path: its path, for messages.
+        nbytes: the bytes the map covers.
+    """
+
+    def __init__(self, fd: int, path: Path, nbytes: int) -> None:
+        self.fd, self.path, self.nbytes = fd, path, nbytes
+
+    def check(self) -> None:
+        """DistrecError naming the file when it is shorter than the map."""
+        size = os.fstat(self.fd).st_size
+        if size < self.nbytes:
+            raise DistrecError(
+                f"the slow tier's file {str(self.path)!r} was truncated to {size} bytes while in use (it had {self.nbytes}); "
+                f"give it back its size (truncate -s {self.nbytes} FILE) and resume from the last checkpoint, which rewrites every row"
+            )
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
     """A float32 [num_rows, width] memory map of a new, fully allocated, already unlinked file.
 
@@ -89,9 +117,10 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
         Path(name).unlink(missing_ok=True)
 
 
-def map_table_file(path: str | Path, num_rows: int, width: int) -> np.ndarray:
+def map_table_file(path: str | Path, num_rows: int, width: int) -> tuple[np.ndarray, BackingFile]:
     """A float32 [num_rows, width] memory map of the existing file ``path``, read and written
-    in place (shared: the file holds every write), advised ``MADV_RANDOM`` as a scratch file.
+    in place (shared: the file holds every write), advised ``MADV_RANDOM`` as a scratch file;
+    and the file (open).
 
     The file holds exactly the rows, row-major float32 with no header (row ``i`` at byte
     ``i * width * 4``), e.g. written chunk by chunk with ``ndarray.tofile``.
@@ -108,9 +137,10 @@ def map_table_file(path: str | Path, num_rows: int, width: int) -> np.ndarray:
                 f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width} float32; "
                 "write it for these tables and this embedding optimizer"
             )
-        return _map_rows(fd, num_rows, width)
-    finally:
+        return _map_rows(fd, num_rows, width), BackingFile(fd, Path(path), nbytes)
+    except BaseException:
         os.close(fd)
+        raise
 
 
 def _map_rows(fd: int, num_rows: int, width: int) -> np.ndarray:
@@ -172,9 +202,11 @@ class TwoTierStore:
         self.slow_kind = slow
         self.slow_directory = None if slow != "disk" else Path(slow_file).parent if slow_file is not None else Path(directory or tempfile.gettempdir())
         self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
+        self._file: BackingFile | None = None  # the file of every row given as the disk tier
         if slow_file is not None:
-            self._slow = torch.from_numpy(map_table_file(slow_file, num_rows, width))
-        elif self.slow_directory is not None:
+            rows, self._file = map_table_file(slow_file, num_rows, width)
+            self._slow = torch.from_numpy(rows)
+        elif self.slow_directory is not None:  # a scratch file, unlinked: no other program can cut it
             self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
         else:
             self._slow = self._host_rows(num_rows, width)
@@ -196,7 +228,10 @@ class TwoTierStore:
     @property
     def slow(self) -> torch.Tensor:
         """The slow tier, float32 [num_rows, width] (row i = global row i; hot rows' copies
-        stale), initialised on first use."""
+        stale), initialised on first use; a disk tier's file is checked to be whole first
+        (``BackingFile``: every gather, write-back, save and load goes through here)."""
+        if self._file is not None:
+            self._file.check()
         if self._init is not None:
             self.initialise()
         return self._slow
@@ -377,7 +412,13 @@ class TwoTierStore:
             )
         self._init = None  # every row is replaced: no initial values to make
         for start, end in self._chunks(self.num_rows, "loading rows", progress):
-            self.slow[start:end].numpy()[...] = saved.rows(start, end)
+            rows = saved.rows(start, end)
+            if not np.isfinite(rows).all():
+                bad = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                raise DistrecError(
+                    f"the embedding rows in {str(directory)!r} hold NaN or infinity (row {bad} first); resume from another checkpoint or retrain"
+                )
+            self.slow[start:end].numpy()[...] = rows
         self.fast = self._read_slow(self.hot_ids, self.width).to(self.device)
         self._base = FileIdentity.of(saved.base_path)
         self._changed.zero_()
@@ -417,6 +458,9 @@ class TwoTierStore:
         if self.readahead is not None:
             self.readahead.close()
             self.readahead = None
+        if self._file is not None:
+            self._file.close()  # the map keeps the file's blocks until it is released
+            self._file = None
 
     def __enter__(self) -> TwoTierStore:
         return self

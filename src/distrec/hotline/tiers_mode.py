@@ -81,6 +81,10 @@ class TiersFormat(CheckpointFormat):
     def write_files(self, directory: Path) -> None:
         self.training.save(directory)
 
+    def files_bytes(self) -> int:
+        store = self.training.embeddings.store
+        return store.slow_bytes + store.hot_ids.numel() * store.hot_ids.element_size() + self.training.logger.nbytes
+
     @classmethod
     def restored_tables(cls, tables: list[TableConfig]) -> list[TableConfig]:
         return stand_in_tables(tables)  # the saved rows are mapped, maybe larger than RAM

@@ -65,6 +65,24 @@ def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, An
     model.embeddings = EmbeddingBagCollection(tables, model.embeddings.weight.device, weight=torch.from_numpy(rows))
 
 
+def read_hot_ids(path: Path, total_rows: int) -> np.ndarray:
+    """The global ids of the fast tier's rows saved in ``path`` (``HOT_IDS_FILE``), int64 [n]:
+    DistrecError unless they are ascending unique ids below ``total_rows``. An array of Python
+    objects is refused, never unpickled."""
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        problem = "holds Python objects, which loading would run as code" if "allow_pickle" in str(e) else f"is unreadable ({e})"
+    else:
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            problem = f"holds {ids.dtype} of shape {ids.shape}, not int64 row ids"
+        elif ids.size and (ids[0] < 0 or ids[-1] >= total_rows or bool(np.any(np.diff(ids) <= 0))):
+            problem = f"holds ids that are not ascending unique rows below {total_rows}"
+        else:
+            return ids
+    raise DistrecError(f"the hot set file {str(path)!r} {problem}; resume from another checkpoint or retrain")
+
+
 class HotlineTraining:
     """The training step of a model whose embeddings Hotline keeps in a fast and a slow tier.
 
@@ -205,7 +223,7 @@ class HotlineTraining:
         missing = [name for name in (BASE_FILE, HOT_IDS_FILE, LOGGER_FILE) if not (directory / name).is_file()]
         if missing:
             raise DistrecError(f"{str(directory)!r} has no {missing[0]}; resume a run that was trained with --hotline")
-        hot_ids = np.load(directory / HOT_IDS_FILE)
+        hot_ids = read_hot_ids(directory / HOT_IDS_FILE, self.embeddings.space.total_rows)
         self.embeddings.store.load(directory, progress=self.progress)  # first: the rows are never initialised
         self.pipeline.use_hot_set(HotSet.from_global_ids(hot_ids, self.embeddings.space, self.budget_bytes))
         try:

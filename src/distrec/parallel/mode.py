@@ -165,6 +165,10 @@ class CheckpointFormat(ABC):
     def write_files(self, directory: Path) -> None:
         """Add files too large for a state dict to a checkpoint directory being written."""
 
+    def files_bytes(self) -> int:
+        """Bytes ``write_files`` writes at most (what a full disk's message says a save needs)."""
+        return 0
+
     @classmethod
     def restored_tables(cls, tables: list[TableConfig]) -> list[TableConfig]:
         """The tables to build a one-process model with before ``restore_model`` (``tables``:

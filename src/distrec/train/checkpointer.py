@@ -8,6 +8,7 @@ layout to the metadata. The files and their atomic writing are ``distrec.compone
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +16,16 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from distrec.components.checkpoint import CHECKPOINT_DIR, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
+from distrec import config as config_mod
+from distrec.components.checkpoint import CHECKPOINT_DIR, META_FILE, RESTART_FIX, load_state, read_meta, save_checkpoint, save_checkpoint_collectively
 from distrec.errors import DistrecError
 from distrec.modes import format_tag
 from distrec.parallel.mode import CheckpointFormat, ParallelMode
+from distrec.tables import TableConfig
 from distrec.train.rng import capture_rng, restore_rng
+
+BLOCK_KEYS = ("table", "row_start", "row_end", "col_start", "col_end")
+"""The keys of a ``blocks`` entry's block: rows [row_start, row_end) x columns [col_start, col_end) of a table."""
 
 
 def _layout(world_size: int, embeddings: str, plan: dict[str, Any] | None) -> str:
@@ -32,6 +38,65 @@ def _resharding(meta: dict[str, Any], mode: ParallelMode) -> str:
     saved = _layout(int(meta.get("world_size", 1)), meta.get("embeddings", "single"), meta.get("plan"))
     now = _layout(mode.ctx.world_size, mode.embeddings, mode.plan.to_dict() if mode.plan is not None else None)
     return "" if saved == now else f", resharded from {saved} to {now}"
+
+
+def read_run_meta(checkpoint: Path) -> dict[str, Any]:
+    """``read_meta`` of a run's checkpoint, after checking the run's entries (``Checkpointer.save``):
+    a DistrecError naming meta.json and the first missing or malformed entry, never a KeyError
+    or a model built from nonsense."""
+    meta = read_meta(checkpoint)
+    problem = _run_meta_problem(meta)
+    if problem:
+        raise DistrecError(f"checkpoint metadata {str(Path(checkpoint) / META_FILE)!r} {problem}; {RESTART_FIX}")
+    return meta
+
+
+def _is_count(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _run_meta_problem(meta: dict[str, Any]) -> str:
+    """What is wrong with the run's entries of ``meta`` ('' when nothing is)."""
+    for key, minimum in (("step", 0), ("num_dense", 0), ("world_size", 1)):
+        if key not in meta and key != "world_size":  # world_size: absent in one-process checkpoints of old
+            return f"holds no {key}"
+        if not _is_count(meta.get(key, 1), minimum):
+            return f"has {key} {meta[key]!r}, not a count of at least {minimum}"
+    if not isinstance(meta.get("config"), dict):
+        return "holds no config (a mapping of the run's settings)"
+    try:
+        config_mod.from_dict(meta["config"])
+    except DistrecError as e:
+        return f"holds an invalid config ({e})"
+    tables = meta.get("tables")
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        return "holds no tables (a list of the run's tables)"
+    shapes = {}
+    for entry in tables:
+        try:
+            table = TableConfig.from_dict(entry)
+        except (DistrecError, TypeError):
+            return f"has a malformed tables entry {json.dumps(entry)[:200]}"
+        shapes[table.name] = (table.num_rows, table.dim)
+    if len(shapes) != len(tables):
+        return "lists a table twice"
+    for entry in meta.get("blocks", []):
+        if not _is_block_entry(entry, shapes, int(meta.get("world_size", 1))):
+            return f"has a malformed blocks entry {json.dumps(entry)[:200]}"
+    return ""
+
+
+def _is_block_entry(entry: Any, shapes: dict[str, tuple[int, int]], world_size: int) -> bool:
+    """Whether ``entry`` is {"rank": a rank below ``world_size``, "block": a rectangle inside a table of ``shapes``}."""
+    if not isinstance(entry, dict) or set(entry) != {"rank", "block"} or not _is_count(entry["rank"]) or entry["rank"] >= world_size:
+        return False
+    block = entry["block"]
+    if not isinstance(block, dict) or set(block) != set(BLOCK_KEYS) or block["table"] not in shapes:
+        return False
+    if not all(_is_count(block[key]) for key in BLOCK_KEYS[1:]):
+        return False
+    rows, dim = shapes[block["table"]]
+    return block["row_start"] <= block["row_end"] <= rows and block["col_start"] <= block["col_end"] <= dim
 
 
 class Stateful(Protocol):
@@ -81,7 +146,7 @@ class Checkpointer:
         ctx = self.mode.ctx
         if ctx.world_size == 1:
             meta["blocks"] = [{"rank": 0, "block": b} for b in index]
-            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.format.write_files, name=name)
+            save_checkpoint(self.run_dir, {0: state}, meta, write_files=self.format.write_files, name=name, files_bytes=self.format.files_bytes())
             return
         every: list[list[dict]] = [None] * ctx.world_size  # type: ignore[list-item]
         dist.all_gather_object(every, index)
@@ -104,7 +169,7 @@ class Checkpointer:
 
     def _load_mode(self, checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         ctx = self.mode.ctx
-        meta = read_meta(checkpoint)
+        meta = read_run_meta(checkpoint)
         saved_world = int(meta.get("world_size", 1))
         own = load_state(checkpoint, ctx.rank if ctx.rank < saved_world else 0, map_location=ctx.device)
         if format_tag(own, meta) != self.format.tag:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from distrec import config as config_mod
-from distrec.components.checkpoint import find_checkpoint, load_state, read_meta
+from distrec.components.checkpoint import find_checkpoint, load_state
 from distrec.config import RunConfig
 from distrec.data import Dataset, prepare
 from distrec.data.batch import Batch
@@ -23,6 +23,7 @@ from distrec.models.base import RecommendationModel
 from distrec.models.build import build_model
 from distrec.modes import saved_format
 from distrec.tables import TableConfig
+from distrec.train.checkpointer import read_run_meta
 from distrec.train.metrics import click_metrics
 from distrec.train.run import split_rows
 
@@ -60,6 +61,11 @@ def evaluate_sharded(
         parts: list[tuple[np.ndarray, np.ndarray]] = [None] * world_size  # type: ignore[list-item]
         dist.all_gather_object(parts, (labels, probs))
         labels, probs = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    if not np.isfinite(probs).all():
+        raise DistrecError(
+            f"the model predicts NaN for {int(np.count_nonzero(~np.isfinite(probs)))} of {probs.size} rows: its weights hold NaN or infinity; "
+            "score an earlier checkpoint, or retrain"
+        )
     return click_metrics(labels, probs)
 
 
@@ -79,7 +85,7 @@ def load_trained_model(
     tables as trained, the checkpoint's metadata, with ``checkpoint``: the folder read).
     """
     ckpt = find_checkpoint(checkpoint, best=best)
-    meta = read_meta(ckpt)
+    meta = read_run_meta(ckpt)
     cfg = config_mod.from_dict(meta["config"])
     device = device or default_device()
     tables = [TableConfig.from_dict(t) for t in meta["tables"]]

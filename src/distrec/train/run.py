@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from distrec import config as config_mod
-from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
+from distrec.components.checkpoint import find_checkpoint, has_checkpoint
 from distrec.config import DataConfig, RunConfig
 from distrec.data import Dataset, prepare
 from distrec.errors import DistrecError
@@ -24,6 +24,7 @@ from distrec.io import atomic_write_json, read_json
 from distrec.modes import check_mode
 from distrec.parallel.plan import ShardingPlan
 from distrec.tower_partition import resolve_towers
+from distrec.train.checkpointer import read_run_meta
 from distrec.train.tensorboard import TensorBoardSink
 
 CONFIG_FILE = "config.yaml"
@@ -157,6 +158,11 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
         overrides.append(f"train.max_steps={max_steps}")
     if eval_every is not None:
         overrides.append(f"train.eval_every={eval_every}")
+    saved = config_mod.read_file(path)  # an unreadable file is named by its own message
+    try:
+        config_mod.from_dict(saved)
+    except DistrecError as e:
+        raise DistrecError(f"the run's settings {str(path)!r} are invalid ({e}); put back the value the run was trained with") from None
     cfg = config_mod.load(path, overrides)
     resolved = Path(run_dir) / RESOLVED_FILE
     if resolved.is_file():
@@ -174,6 +180,9 @@ def resume_config(run_dir: Path, epochs: int | None, max_steps: int | None, eval
     parallel = parallel or {}
     if "plan" in parallel or "sharding" in parallel:  # a new plan replaces the saved one
         cfg.parallel.plan = cfg.parallel.sharding = None
+    if parallel.get("replica_groups") == 1:  # plain sharding: no replicas to sync
+        plain = config_mod.ParallelConfig()
+        cfg.parallel.replica_sync, cfg.parallel.sync_every, cfg.parallel.replica_average = plain.replica_sync, plain.sync_every, plain.replica_average
     for key, value in parallel.items():
         setattr(cfg.parallel, key, value)
     config_mod.validate(cfg)
@@ -187,7 +196,7 @@ def check_saved_towers(run_dir: Path, cfg: RunConfig) -> None:
     swapped since would train another model)."""
     if not has_checkpoint(run_dir):
         return
-    meta = read_meta(find_checkpoint(run_dir))
+    meta = read_run_meta(find_checkpoint(run_dir))
     saved = meta.get("towers")
     if saved is None:
         return
