@@ -105,6 +105,7 @@ PLACEMENTS = {
     "row-wise": (2, {"sharding": "row_wise"}),
     "column-wise": (2, {"sharding": "column_wise"}),
     "data-parallel": (2, {"sharding": "data_parallel"}),
+    "local": (2, {"embeddings": "local"}),
     "sptt-towers": (2, {"lookup": "sptt", "hosts": 2, "ranks_per_host": 1}),
     "2d-exact": (2, {"replica_groups": 2}),
     "2d-periodic": (2, {"replica_groups": 2, "replica_sync": "periodic", "sync_every": 3}),  # a stop at a sync resumes exactly
