@@ -8,7 +8,7 @@ operators a GPU runs) and count those reads on the training thread, per steady-s
 
 The budgets, and why each read is needed:
 
-- one process, local tables: none (index ranges, bag layout and feature bounds come from the
+- one process, local tables, also half-precision ones: none (index ranges, bag layout and feature bounds come from the
   loader on the host; the finite-loss check waits for the logging interval);
 - sharded, SPTT, DMT: 1, the input all-to-all's split sizes (how many indices each rank
   receives must be known on the host to size the exchange, as in TorchRec's input dist);
@@ -39,9 +39,11 @@ SPTT_2X2 = ("parallel.lookup=sptt", "parallel.hosts=2", "parallel.ranks_per_host
 MODES = {
     "single": (1, (), 0),
     "single, one index per bag": (1, ("data.synthetic.pooling_factor=1",), 0),
+    "single, fp16 tables": (1, ("model.table_dtype=fp16",), 0),
     "local": (2, ("parallel.embeddings=local",), 0),
     "sharded": (2, (), 1),
     "sharded row-wise": (2, ("parallel.sharding=row_wise",), 1),
+    "sharded, bf16 tables": (2, ("model.table_dtype=bf16",), 1),
     "sptt": (4, SPTT_2X2, 1),
     "dmt": (4, (*SPTT_2X2, "model.tower_module=dlrm"), 1),
     "2d exact": (4, ("parallel.replica_groups=2",), 3),
