@@ -111,7 +111,7 @@ def test_single_sample_batches_train_bit_for_bit_like_ordinary_training_across_r
 # Within float32 rounding: a mini-batch split into a popular and a non-popular micro-batch
 # sums its gradients in another order, a few ulps off, as does ordinary training on another
 # thread count; on MovieLens both grow into 1e-3 over hundreds of steps (chaos of training:
-# benchmarks/results/hotline-drift-2026-11-29.md). This tiny model does not amplify them.
+# benchmarks/results/2026-11-29-hotline-drift.md). This tiny model does not amplify them.
 LONG_RUN_TOLERANCE = 1e-6
 
 
@@ -243,7 +243,8 @@ def test_a_logger_file_of_another_format_restarts_the_logger_and_keeps_the_rows(
 # 1200 synthetic rows (1080 train = 17 batches of 64 per epoch), small tables, one thread
 TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.table_rows=200",
             "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "5", "--no-progress",
-            "--optimizer", "sgd", "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
+            "--optimizer", "sgd", "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4",
+            "--set", "train.log_every=3"]  # fmt: skip
 
 
 def run_outcome(run):
@@ -257,18 +258,21 @@ def run_outcome(run):
     return SavedRows(ckpt).rows(0, SavedRows(ckpt).shape[0]), state["model"], records, summary
 
 
-def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch):
+def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch, caplog):
+    """Also the popular fractions logged after the resume (its counters are the checkpoint's)."""
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
     assert main(["train", *TINY_RUN, "--max-steps", "22", "--out", str(tmp_path / "whole")]) == 0
     assert main(["train", *TINY_RUN, "--max-steps", "10", "--out", str(tmp_path / "halves")]) == 0
     assert main(["train", "--resume", str(tmp_path / "halves"), "--max-steps", "22", "--no-progress"]) == 0
     capsys.readouterr()
+    assert "Hotline never engaged" not in caplog.text
     rows_a, dense_a, records_a, summary_a = run_outcome(tmp_path / "whole")
     rows_b, dense_b, records_b, summary_b = run_outcome(tmp_path / "halves")
     np.testing.assert_array_equal(rows_a, rows_b)
     for name in dense_a:
         assert torch.equal(dense_a[name], dense_b[name]), name
     assert records_a == records_b
+    assert [r["step"] for r in records_b if r["split"] == "train" and r["hot_lookup_fraction"] > 0] == [6, 9, 12, 15, 18, 21]
     assert summary_a == summary_b
     hot = summary_a["hotline"]
     assert hot["relearns"] == 5 and 0 < hot["hot_lookup_fraction"] < 1 and hot["slow_tier"] == "disk"
