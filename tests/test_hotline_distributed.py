@@ -163,12 +163,16 @@ def test_rows_moving_between_shards_and_hot_table_lose_no_update(cache, tmp_path
 
 def test_resumed_run_equals_the_run_left_alone(cache, tmp_path):
     """A checkpoint holds every row in its owner's shard (hot rows written back) and the hot
-    set, which is read back on resume; the continued run equals the uninterrupted one."""
+    set, which is read back on resume; the continued run equals the uninterrupted one. The
+    hot-lookup fractions it logs go on from the checkpoint's counters (the logger's window
+    restarts, so the later hot sets may differ from the uninterrupted run's)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     cfg = _cfg(cache, True, "adagrad", sharding="row_wise")
+    cfg.train.log_every = 3
     run_distributed(train_on_rank, 2, cfg, straight)
     half = _cfg(cache, True, "adagrad", sharding="row_wise")
     half.train.max_steps = 5
+    half.train.log_every = 3
     run_distributed(train_on_rank, 2, half, split)
     run_distributed(train_on_rank, 2, cfg, split, True)
     a, b = _parameters(straight), _parameters(split)
@@ -178,3 +182,11 @@ def test_resumed_run_equals_the_run_left_alone(cache, tmp_path):
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     assert json.loads((split / "summary.json").read_text())["hotline"]["relearns"] == 2
+
+    def hot_lookup_fractions(run: Path) -> dict[int, float]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["hot_lookup_fraction"] for r in records if r["split"] == "train"}
+
+    fractions, uninterrupted = hot_lookup_fractions(split), hot_lookup_fractions(straight)
+    assert list(fractions) == [3, 6, 9] and fractions[3] == uninterrupted[3]
+    assert fractions[6] > 0 and fractions[9] > 0

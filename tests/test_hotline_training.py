@@ -9,12 +9,13 @@ import torch
 from distrec import config
 from distrec.cli import main
 from distrec.components.optim import make_optimizers
+from distrec.components.optimization import Optimization
 from distrec.components.schedule import make_schedulers
 from distrec.components.step import TrainStep
 from distrec.errors import DistrecError
 from distrec.hotline.hot_set import hot_row_bytes
 from distrec.hotline.row_files import SavedRows
-from distrec.hotline.row_state import row_state_floats
+from distrec.hotline.row_state import row_state_floats, state_views
 from distrec.hotline.training import HotlineTraining
 from distrec.models.build import build_model
 from distrec.tables import stand_in_tables
@@ -50,6 +51,79 @@ def tiny_model(cfg: config.RunConfig, tables=TABLES):
 def batches(seed: int, n: int) -> list:
     rng = np.random.default_rng(seed)
     return [zipf_batch(rng, 32) for _ in range(n)]
+
+
+def side_by_side(batch_size: int, steps: int, relearn_every: int, tmp_path: Path) -> dict:
+    """Ordinary training and Hotline with the default optimizers (Adam dense, row-wise Adagrad
+    rows) on the same batches, whose popular rows drift every 20 steps so rows keep moving
+    between the tiers. Returns both runs' per-step losses, embedding weights, Adagrad sums and
+    dense parameters and Adam states, the re-learnings and how many rows entered and left
+    the fast tier."""
+    cfg = config.load(None, ["hotline.enabled=true", "hotline.sample_rate=1.0", f"hotline.relearn_every={relearn_every}", "hotline.slow_tier=disk",
+                             f"hotline.hot_budget={30 * hot_row_bytes(8, row_state_floats('adagrad', 8))}"], preset="tiny")  # fmt: skip
+    model = tiny_model(cfg)
+    optimization = Optimization.of(cfg.train, steps)
+    assert (optimization.optimizer, optimization.embedding_optimizer) == ("adam", "adagrad")
+    optimizers = optimization.optimizers(model)
+    plain = TrainStep(model, optimizers, optimization.schedulers(optimizers))
+    rng = np.random.default_rng(0)
+    data = [zipf_batch(rng, batch_size, shift=(i // 20) * 7) for i in range(steps)]
+    out: dict = {"plain_losses": [], "hot_losses": [], "entered": 0, "left": 0}
+    with HotlineTraining(copy.deepcopy(model), cfg, steps, tmp_path) as hotline:
+        hot_ids = set()
+        for batch in data:
+            out["plain_losses"].append(float(plain(batch)))
+            out["hot_losses"].append(float(hotline.step(batch)))
+            now = set(hotline.embeddings.hot_ids.tolist())
+            out["entered"] += len(now - hot_ids)
+            out["left"] += len(hot_ids - now)
+            hot_ids = now
+        rows = hotline.embeddings.store.gather(torch.arange(hotline.embeddings.space.total_rows))
+        out["hot_weights"] = rows[:, :8]
+        out["hot_sums"] = state_views(rows, "adagrad", 8)["sum"]
+        out["hot_dense"] = [p.detach().clone() for p in hotline.model.dense_parameters()]
+        out["hot_adam"] = copy.deepcopy(hotline.optimizers[0].state_dict()["state"])
+        out["relearns"] = hotline.stats()["relearns"]
+        out["popular_fraction"] = hotline.stats()["popular_fraction"]
+    out["plain_weights"] = model.embeddings.weight.detach()
+    out["plain_sums"] = optimizers[-1].state[model.embeddings.weight]["sum"]
+    out["plain_dense"] = [p.detach() for p in model.dense_parameters()]
+    out["plain_adam"] = optimizers[0].state_dict()["state"]
+    return out
+
+
+def test_single_sample_batches_train_bit_for_bit_like_ordinary_training_across_relearns(tmp_path):
+    """A mini-batch of one sample is never split into micro-batches, so Hotline sums every
+    gradient in ordinary training's order: weights and row-wise Adagrad state must then be
+    equal bit for bit, however often rows moved between the tiers."""
+    run = side_by_side(batch_size=1, steps=60, relearn_every=4, tmp_path=tmp_path)
+    assert run["relearns"] == 14 and run["entered"] > 20 and run["left"] > 10 and run["popular_fraction"] > 0
+    assert run["hot_losses"] == run["plain_losses"]
+    assert torch.equal(run["hot_weights"], run["plain_weights"])
+    assert torch.equal(run["hot_sums"], run["plain_sums"])
+    for hot, plain in zip(run["hot_dense"], run["plain_dense"], strict=True):
+        assert torch.equal(hot, plain)
+    for index, state in run["plain_adam"].items():
+        for key, value in state.items():
+            assert torch.equal(run["hot_adam"][index][key], value), key
+
+
+# Within float32 rounding: a mini-batch split into a popular and a non-popular micro-batch
+# sums its gradients in another order, a few ulps off, as does ordinary training on another
+# thread count; on MovieLens both grow into 1e-3 over hundreds of steps (chaos of training:
+# benchmarks/results/2026-11-29-hotline-drift.md). This tiny model does not amplify them.
+LONG_RUN_TOLERANCE = 1e-6
+
+
+@pytest.mark.slow
+def test_a_long_run_with_default_optimizers_stays_within_rounding_of_ordinary_training(tmp_path):
+    run = side_by_side(batch_size=32, steps=200, relearn_every=10, tmp_path=tmp_path)
+    assert run["relearns"] == 19 and run["entered"] > 50 and 0 < run["popular_fraction"] < 1
+    np.testing.assert_allclose(run["hot_losses"], run["plain_losses"], rtol=0, atol=LONG_RUN_TOLERANCE)
+    torch.testing.assert_close(run["hot_weights"], run["plain_weights"], rtol=0, atol=LONG_RUN_TOLERANCE)
+    torch.testing.assert_close(run["hot_sums"], run["plain_sums"], rtol=LONG_RUN_TOLERANCE, atol=0)
+    for hot, plain in zip(run["hot_dense"], run["plain_dense"], strict=True):
+        torch.testing.assert_close(hot, plain, rtol=0, atol=LONG_RUN_TOLERANCE)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
@@ -169,7 +243,8 @@ def test_a_logger_file_of_another_format_restarts_the_logger_and_keeps_the_rows(
 # 1200 synthetic rows (1080 train = 17 batches of 64 per epoch), small tables, one thread
 TINY_RUN = ["--preset", "tiny", "--set", "data.synthetic.rows=1200", "--set", "data.synthetic.table_rows=200",
             "--set", "train.threads=1", "--batch-size", "64", "--seed", "3", "--eval-every", "5", "--no-progress",
-            "--optimizer", "sgd", "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4"]  # fmt: skip
+            "--optimizer", "sgd", "--hotline", "--hot-budget", "8KB", "--sample-rate", "0.5", "--relearn-every", "4",
+            "--set", "train.log_every=3"]  # fmt: skip
 
 
 def run_outcome(run):
@@ -183,18 +258,21 @@ def run_outcome(run):
     return SavedRows(ckpt).rows(0, SavedRows(ckpt).shape[0]), state["model"], records, summary
 
 
-def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch):
+def test_distrec_train_hotline_resumes_exactly(tmp_path, capsys, monkeypatch, caplog):
+    """Also the popular fractions logged after the resume (its counters are the checkpoint's)."""
     monkeypatch.setenv("DISTREC_CACHE", str(tmp_path / "cache"))
     assert main(["train", *TINY_RUN, "--max-steps", "22", "--out", str(tmp_path / "whole")]) == 0
     assert main(["train", *TINY_RUN, "--max-steps", "10", "--out", str(tmp_path / "halves")]) == 0
     assert main(["train", "--resume", str(tmp_path / "halves"), "--max-steps", "22", "--no-progress"]) == 0
     capsys.readouterr()
+    assert "Hotline never engaged" not in caplog.text
     rows_a, dense_a, records_a, summary_a = run_outcome(tmp_path / "whole")
     rows_b, dense_b, records_b, summary_b = run_outcome(tmp_path / "halves")
     np.testing.assert_array_equal(rows_a, rows_b)
     for name in dense_a:
         assert torch.equal(dense_a[name], dense_b[name]), name
     assert records_a == records_b
+    assert [r["step"] for r in records_b if r["split"] == "train" and r["hot_lookup_fraction"] > 0] == [6, 9, 12, 15, 18, 21]
     assert summary_a == summary_b
     hot = summary_a["hotline"]
     assert hot["relearns"] == 5 and 0 < hot["hot_lookup_fraction"] < 1 and hot["slow_tier"] == "disk"

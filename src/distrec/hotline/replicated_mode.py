@@ -43,13 +43,14 @@ class ReplicatedHotline(Sharded):
         return self.training
 
     def telemetry(self) -> list[Telemetry]:
-        h, counters = self.ctx.cfg.hotline, self.training.counters
+        """The counters as they are when asked: a resume replaces them by the checkpoint's."""
+        h, training = self.ctx.cfg.hotline, self.training
 
         def summary() -> dict[str, Any]:
-            counters.warn_if_never_hot(h.relearn_every, h.sample_rate)
-            return {"hotline": self.training.stats()}
+            training.counters.warn_if_never_hot(h.relearn_every, h.sample_rate)
+            return {"hotline": training.stats()}
 
-        return [Telemetry(exchange=lambda: self.model.embeddings.stats, training=counters.fractions, summary=summary)]
+        return [Telemetry(exchange=lambda: self.model.embeddings.stats, training=lambda: training.counters.fractions(), summary=summary)]
 
     def block_module(self) -> nn.Module:
         return self.model.embeddings.cold
