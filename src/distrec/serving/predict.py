@@ -4,7 +4,8 @@ model (any checkpoint kind) or an exported program, streamed batch by batch into
 Memory stays bounded whatever the input's size: the input is parsed into distrec's
 memory-mapped data cache (as ``train`` and ``evaluate`` read it, malformed rows skipped and
 counted alike), scored one batch at a time and appended to the scores file
-(``distrec.serving.scores_file``); a Hotline run's disk tier stays memory-mapped.
+(``distrec.serving.scores_file``); a Hotline run's disk tier stays memory-mapped. Each score
+carries its row's position in the input, skipped rows counted (``Dataset.input_positions``).
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def predict_file(
     ):
         for batch in dataset.batches(None, batch_size, shuffle=False):
             scores = predictor.score(batch)
-            writer.write(np.arange(writer.rows, writer.rows + len(scores)), scores, batch.labels.numpy())
+            positions = dataset.input_positions(np.arange(writer.rows, writer.rows + len(scores)))
+            writer.write(positions, scores, batch.labels.numpy())
             bar.update(len(scores))
     seconds = time.perf_counter() - started
     return {
