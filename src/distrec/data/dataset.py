@@ -23,7 +23,7 @@ from distrec.data.dense_transforms import FIT_ROWS, DenseTransform
 from distrec.data.dense_transforms import apply as apply_transforms
 from distrec.data.dense_transforms import fit as fit_transforms
 from distrec.data.prefetch import prefetch
-from distrec.data.source import Chunk, Source, SparseFeature
+from distrec.data.source import Chunk, MalformedRows, Source, SparseFeature
 from distrec.data.split import split_rows
 from distrec.data.synthetic import SyntheticGenerator
 from distrec.errors import DistrecError
@@ -158,6 +158,7 @@ class Dataset:
         files = [_File.load(directory, features) for directory in parts]
         self._setup(files, features, list(manifest["dense"]), cfg, manifest)
         self.source = read_manifest(parts[0]).get("source", {}) if parts[0] != cache_dir else manifest.get("source", {})
+        self.malformed = [MalformedRows.from_manifest(read_manifest(directory)) for directory in parts]
 
     def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
@@ -175,6 +176,8 @@ class Dataset:
         self.manifest = manifest
         self.source: dict = {}
         """The description of the (first) input the cache was prepared from: format, parameters, schema."""
+        self.malformed: list[MalformedRows] = []
+        """The rows each input file's cache skipped, in file order: count and the first lines."""
         self.dense_transforms: list[DenseTransform] = []
         """What each batch's dense columns go through (``fit_dense_transforms``); empty: the values as cached."""
         self._generator: SyntheticGenerator | None = None
