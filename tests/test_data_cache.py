@@ -276,6 +276,31 @@ def test_skipped_rows_are_reported_again_when_the_cache_is_reused(tmp_path, capl
     assert len(caplog.records) == 1 and "skipped 1 malformed row(s); first at line 2" in caplog.records[0].getMessage()
 
 
+def test_a_cache_without_the_positions_of_its_skipped_rows_is_prepared_again(tmp_path, caplog, monkeypatch):
+    """Caches of distrec versions before ``skipped.i64``: one that skipped rows is prepared
+    again (its rows' input positions are unknown), one that skipped none is reused as it is."""
+    skipping = DataConfig(path=str(write_criteo(tmp_path / "d.tsv", [criteo_line(), criteo_line(label="x"), criteo_line()])), format="criteo")
+    clean = DataConfig(path=str(write_criteo(tmp_path / "e.tsv", [criteo_line()] * 3)), format="criteo")
+    root = tmp_path / "cache"
+    old, old_clean = prepare(skipping, root, progress=False), prepare(clean, root, progress=False)
+    assert Dataset(old).input_positions(np.arange(2)).tolist() == [0, 2] and np.fromfile(old / "skipped.i64", np.int64).tolist() == [1]
+    (old / "skipped.i64").unlink()
+    (old_clean / "skipped.i64").unlink()
+    with pytest.raises(DistrecError, match="does not record where its skipped rows are"):
+        Dataset(old).input_positions(np.arange(2))
+    with caplog.at_level("WARNING", logger="distrec.data.cache"):
+        assert prepare(skipping, root, progress=False) == old
+    assert "does not record where its skipped rows are (an older distrec made it); preparing it again" in caplog.text
+    assert Dataset(old).input_positions(np.arange(2)).tolist() == [0, 2]
+
+    def no_parsing(cfg, *args, **kwargs):
+        raise AssertionError("the cache that skipped no row should have been reused")
+
+    monkeypatch.setattr(preparation, "open_source", no_parsing)
+    assert prepare(clean, root, progress=False) == old_clean
+    assert Dataset(old_clean).input_positions(np.arange(3)).tolist() == [0, 1, 2]
+
+
 def test_training_epochs_after_the_first_draw_fresh_synthetic_rows(tmp_path):
     syn = SyntheticConfig(rows=1000, table_rows=500, pooling_factor=2, seed=3)
     cfg = DataConfig(format="synthetic", synthetic=syn, max_ind_range=10_000)

@@ -119,6 +119,9 @@ def test_parts_of_a_file_give_the_rows_and_lines_of_the_whole(tmp_path, monkeypa
     a, b = whole.batch(rows), parts.batch(rows)
     for name in ("dense", "sparse_values", "sparse_offsets", "labels"):
         assert getattr(a, name).equal(getattr(b, name)), name
+    assert np.fromfile(cache / "skipped.i64", np.int64).tolist() == [39, 1776, 2998]
+    for dataset in (whole, parts):  # each row's first count is its line's index: its input position
+        assert dataset.input_positions(rows).tolist() == first_counts(dataset, rows)
     strict = DataConfig(path=str(path), format="criteo", chunk_rows=64, prepare_workers=workers, strict=True)
     with pytest.raises(DistrecError, match=r"day\.tsv: line 40: "):
         prepare(strict, tmp_path / "strict", progress=False)
@@ -194,3 +197,47 @@ def test_files_split_holds_out_the_last_files(days, tmp_path):
     for bad in ("files:0", "files:1.5", "files:-1:1", "files:1:1:1"):
         with pytest.raises(DistrecError, match="files:"):
             dataset.split(bad)
+
+
+def test_input_positions_count_skipped_rows_over_files_in_order(tmp_path, monkeypatch):
+    """Files prepared in parallel, in parts, one compressed: each kept row's input position
+    (over the files concatenated) is its line's index, malformed lines counted."""
+    rng = np.random.default_rng(6)
+    folder = tmp_path / "criteo"
+    folder.mkdir()
+    lines = criteo_lines(rng, 900)
+    for index in (0, 150, 151, 420, 899):  # the first line, two in a row, one in day 1, the last line of all
+        lines[index] = "1\t2\t3"
+    write(folder / "day_0", lines[:300])
+    write(folder / "day_1.gz", lines[300:500], compress=True)
+    write(folder / "day_2", lines[500:])
+    monkeypatch.setattr(preparation, "MIN_PART_BYTES", 1)
+    cfg = DataConfig(path=str(folder), format="criteo", chunk_rows=32, prepare_workers=2)  # plain days in parts of ~8 kB
+    dataset = Dataset(prepare(cfg, tmp_path / "cache", progress=False))
+    assert dataset.num_rows == 895 and dataset.manifest["malformed_rows"] == 5 and len(dataset.manifest[PARTS]) == 3
+    rows = np.arange(895)
+    assert dataset.input_positions(rows).tolist() == first_counts(dataset) == sorted(set(range(900)) - {0, 150, 151, 420, 899})
+    assert dataset.input_positions(rows[::-1][:7]).tolist() == [898, 897, 896, 895, 894, 893, 892]  # any order
+
+
+def test_input_positions_of_csv_and_parquet(tmp_path, monkeypatch):
+    """A header line is no row; a blank or malformed line is one; Parquet numbers its rows."""
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: click\ndense: [price]\ncategorical: [user]\n")
+    rng = np.random.default_rng(7)
+    rows = [f"{rng.integers(0, 2)},{i},u{rng.integers(0, 50)}" for i in range(1500)]
+    bad = {3: "1,2", 4: "", 700: "x,700,u1", 1499: "7,1499,u2"}  # wrong column counts, a blank line, bad labels
+    for index, line in bad.items():
+        rows[index] = line
+    path = tmp_path / "clicks.csv"
+    path.write_text("\n".join(["click,price,user", *rows]) + "\n")
+    monkeypatch.setattr(preparation, "MIN_PART_BYTES", 1)
+    cfg = DataConfig(path=str(path), format="csv", schema=str(schema), chunk_rows=32, prepare_workers=2)
+    csv = Dataset(prepare(cfg, tmp_path / "cache", progress=False))
+    assert csv.num_rows == 1496 and csv.manifest["malformed_lines"] == [5, 6, 702, 1501]  # physical lines: the header is line 1
+    kept = np.arange(1496)
+    assert csv.input_positions(kept).tolist() == csv.batch(kept).dense[:, 0].int().tolist() == sorted(set(range(1500)) - set(bad))
+    table = pa.table({"click": [0, None, 1, 1, 5, 0], "price": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "user": list("abcdef")})
+    pq.write_table(table, tmp_path / "clicks.parquet")
+    parquet = Dataset(prepare(DataConfig(path=str(tmp_path / "clicks.parquet"), format="parquet", schema=str(schema)), tmp_path / "cache", progress=False))
+    assert parquet.input_positions(np.arange(4)).tolist() == [0, 2, 3, 5]

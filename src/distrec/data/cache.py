@@ -28,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
 
 from distrec.config import DataConfig
-from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, PARTS, read_manifest
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, PARTS, SKIPPED_FILE, read_manifest
 from distrec.data.inputs import InputFile, describe_paths, input_files, movielens_directory
 from distrec.data.preparation import build
 from distrec.data.source import MalformedRows, existing_path
@@ -94,6 +94,9 @@ def prepare(cfg: DataConfig, cache_root: str | Path | None = None, progress: boo
     if missing:
         with _locked([targets[i] for i in missing], cfg):
             missing = [i for i in missing if not _reuse(targets[i], cfg.strict)]  # others may have prepared some meanwhile
+            for i in missing:
+                if (targets[i] / MANIFEST).is_file() and _lacks_skipped_record(targets[i], read_manifest(targets[i])):
+                    log.warning(f"the cache {targets[i].name} does not record where its skipped rows are (an older distrec made it); preparing it again")
             if missing:
                 build(cfg, [inputs[i] for i in missing], [targets[i] for i in missing], progress)
     return targets[0] if len(targets) == 1 else _set(root, cfg, inputs, targets)
@@ -103,12 +106,16 @@ def _reuse(target: Path, strict: bool) -> bool:
     """Whether ``target`` is a complete cache of this format (its skipped rows reported again).
 
     A directory under its final name is always whole (it is renamed into place when
-    complete), so no lock is needed to read it.
+    complete), so no lock is needed to read it. A cache that skipped rows without recording
+    where they are (:data:`SKIPPED_FILE`, written since distrec numbers scores by input
+    position) is prepared again, under the same name; one that skipped none needs no record.
     """
     if not (target / MANIFEST).is_file():
         return False
     manifest = read_manifest(target)
     if manifest.get("format_version") != CACHE_FORMAT_VERSION:
+        return False
+    if _lacks_skipped_record(target, manifest):
         return False
     malformed = MalformedRows.from_manifest(manifest, strict)
     # strict mode over a cache made in lenient mode fails as parsing would have
@@ -116,6 +123,11 @@ def _reuse(target: Path, strict: bool) -> bool:
     if malformed.count:
         log.warning(f"{malformed.summary()} (when the cache {target.name} was prepared)")
     return True
+
+
+def _lacks_skipped_record(target: Path, manifest: dict) -> bool:
+    """Whether the cache ``target`` skipped rows but has no :data:`SKIPPED_FILE` saying where."""
+    return bool(manifest.get("malformed_rows")) and not (target / SKIPPED_FILE).is_file()
 
 
 @contextmanager

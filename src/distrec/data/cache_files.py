@@ -8,6 +8,8 @@ A file's cache directory holds::
     labels.f32           float32 [rows]
     sparse_<f>.ids.i64   int64 [nnz] raw ids of feature f (0 = missing)
     sparse_<f>.offsets.i64  int64 [rows + 1] bag boundaries (multi-hot features only)
+    skipped.i64          int64 [malformed rows] the input positions of the skipped rows,
+                         ascending (0-based over the input's data rows, a header line excluded)
 
 A data set of several files is a set directory holding only a manifest whose ``parts``
 name the files' cache directories beside it, in file order (:func:`part_directories`).
@@ -29,6 +31,9 @@ CACHE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.f32"
 LABELS_FILE = "labels.f32"
+SKIPPED_FILE = "skipped.i64"
+"""Absent from caches of distrec versions before it: ``distrec.data.cache`` prepares such a
+cache again when it skipped rows (it needs no record when it skipped none)."""
 PARTS = "parts"
 """The manifest key of a set: the names of its files' cache directories, in file order."""
 

@@ -18,12 +18,12 @@ import torch
 
 from distrec.config import DataConfig, SyntheticConfig
 from distrec.data.batch import Batch, BatchLayout
-from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, ids_file, offsets_file, part_directories, read_manifest
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, DENSE_FILE, LABELS_FILE, SKIPPED_FILE, ids_file, offsets_file, part_directories, read_manifest
 from distrec.data.dense_transforms import FIT_ROWS, DenseTransform
 from distrec.data.dense_transforms import apply as apply_transforms
 from distrec.data.dense_transforms import fit as fit_transforms
 from distrec.data.prefetch import prefetch
-from distrec.data.source import Chunk, Source, SparseFeature
+from distrec.data.source import Chunk, MalformedRows, Source, SparseFeature
 from distrec.data.split import split_rows
 from distrec.data.synthetic import SyntheticGenerator
 from distrec.errors import DistrecError
@@ -65,12 +65,14 @@ class _Column:
 
 @dataclass
 class _File:
-    """The rows of one input file: dense float32 [n, n_dense], labels float32 [n], and one
-    column per feature."""
+    """The rows of one input file: dense float32 [n, n_dense], labels float32 [n], one column
+    per feature, and the input positions of the rows skipped as malformed (int64 [skipped],
+    ascending; None when the cache does not record them)."""
 
     dense: np.ndarray
     labels: np.ndarray
     columns: list[_Column]
+    skipped: np.ndarray | None
 
     @staticmethod
     def load(directory: Path, features: list[SparseFeature]) -> _File:
@@ -84,7 +86,13 @@ class _File:
             )
             for f, (feat, d) in enumerate(zip(features, manifest["features"]))
         ]
-        return _File(_memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"]))), _memmap(directory / LABELS_FILE, np.float32, (n,)), columns)
+        skipped = None
+        if not manifest["malformed_rows"]:
+            skipped = np.zeros(0, np.int64)
+        elif (directory / SKIPPED_FILE).is_file():
+            skipped = _memmap(directory / SKIPPED_FILE, np.int64, (manifest["malformed_rows"],))
+        dense = _memmap(directory / DENSE_FILE, np.float32, (n, len(manifest["dense"])))
+        return _File(dense, _memmap(directory / LABELS_FILE, np.float32, (n,)), columns, skipped)
 
     @staticmethod
     def of_chunk(chunk: Chunk, features: list[SparseFeature]) -> _File:
@@ -96,7 +104,21 @@ class _File:
                 offsets = np.zeros(chunk.num_rows + 1, np.int64)
                 np.cumsum(lengths, out=offsets[1:])
             columns.append(_Column(np.asarray(values, np.int64), offsets))
-        return _File(chunk.dense, chunk.labels, columns)
+        return _File(chunk.dense, chunk.labels, columns, np.zeros(0, np.int64))
+
+
+def _kept_before_skipped(files: list[_File]) -> np.ndarray | None:
+    """For each skipped row of the files' input, in input order, the kept rows before it:
+    int64 [skipped], non-decreasing; kept row r then lies at input position r + the count of
+    entries <= r. None when a file does not record its skipped rows."""
+    positions, input_start = [np.zeros(0, np.int64)], 0
+    for f in files:
+        if f.skipped is None:
+            return None
+        positions.append(f.skipped + input_start)
+        input_start += f.labels.shape[0] + f.skipped.shape[0]
+    skipped = np.concatenate(positions)
+    return skipped - np.arange(skipped.shape[0], dtype=np.int64)
 
 
 def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -136,6 +158,7 @@ class Dataset:
         files = [_File.load(directory, features) for directory in parts]
         self._setup(files, features, list(manifest["dense"]), cfg, manifest)
         self.source = read_manifest(parts[0]).get("source", {}) if parts[0] != cache_dir else manifest.get("source", {})
+        self.malformed = [MalformedRows.from_manifest(read_manifest(directory)) for directory in parts]
 
     def _setup(self, files: list[_File], features: list[SparseFeature], dense_names: list[str], cfg: DataConfig | None, manifest: dict | None) -> None:
         self.cfg = cfg or DataConfig()
@@ -147,11 +170,14 @@ class Dataset:
         self._files = files
         self.file_starts = np.zeros(len(files) + 1, np.int64)
         np.cumsum([f.labels.shape[0] for f in files], out=self.file_starts[1:])
+        self._kept_before_skipped = _kept_before_skipped(files)
         self.features = features
         self.dense_names = dense_names
         self.manifest = manifest
         self.source: dict = {}
         """The description of the (first) input the cache was prepared from: format, parameters, schema."""
+        self.malformed: list[MalformedRows] = []
+        """The rows each input file's cache skipped, in file order: count and the first lines."""
         self.dense_transforms: list[DenseTransform] = []
         """What each batch's dense columns go through (``fit_dense_transforms``); empty: the values as cached."""
         self._generator: SyntheticGenerator | None = None
@@ -296,6 +322,20 @@ class Dataset:
         for file, at, local in self._by_file(rows):
             labels[at] = file.labels[local]
         return labels
+
+    def input_positions(self, rows: np.ndarray) -> np.ndarray:
+        """The positions of ``rows`` (int64 [n]) in the input: int64 [n], from 0 over the input
+        files concatenated in reading order, counting the rows skipped as malformed (a header
+        line is no row), so that what is computed for a row joins back to the input's line.
+
+        Raises:
+            DistrecError: the cache skipped rows without recording where (an older distrec
+                made it; ``distrec.data.prepare`` prepares such a cache again).
+        """
+        if self._kept_before_skipped is None:
+            raise DistrecError("this data cache does not record where its skipped rows are (an older distrec made it); run distrec data prepare on its data")
+        rows = np.asarray(rows, np.int64)
+        return rows + np.searchsorted(self._kept_before_skipped, rows, side="right")
 
     def _by_file(self, rows: np.ndarray) -> list[tuple[_File, slice | np.ndarray, np.ndarray]]:
         """``rows`` grouped by file: (file, the positions in ``rows`` of its rows, those rows

@@ -34,10 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from distrec.config import DataConfig
-from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, CacheWriter, chunk_bytes
+from distrec.data.cache_files import CACHE_FORMAT_VERSION, MANIFEST, SKIPPED_FILE, CacheWriter, chunk_bytes
 from distrec.data.criteo import load_parsers, read_criteo
 from distrec.data.inputs import InputFile, movielens_directory
 from distrec.data.movielens import read_movielens
@@ -229,12 +230,14 @@ class _Before:
 @dataclass
 class PartResult:
     """What a prepared part sends back: its counts, chunks, the input's layout and its skipped
-    rows (numbered in the whole input)."""
+    rows (numbered in the whole input), with ``skipped`` their input positions (int64, ascending;
+    ``distrec.data.cache_files.SKIPPED_FILE``)."""
 
     counts: Counts
     chunks: int
     layout: dict
     malformed: MalformedRows
+    skipped: np.ndarray
 
 
 @dataclass
@@ -301,7 +304,7 @@ def prepare_part(job: Job, k: int, ledger: Ledger, progress: Progress) -> PartRe
     malformed.merge(source.malformed, before.lines)
     malformed.raise_if_strict()
     layout = {"label": source.label, "dense": source.dense, "features": [f.to_dict() for f in source.features], "source": source.description}
-    return PartResult(own, chunks, layout, malformed)
+    return PartResult(own, chunks, layout, malformed, malformed.lines() - 1 - source.header_lines)
 
 
 def _consumed_bytes(source: Source, part: Part, rows: int) -> int:
@@ -435,6 +438,7 @@ class _Build:
             return
         try:
             manifest = _manifest([self.results[j] for j in parts], self._name(i))
+            np.concatenate([self.results[j].skipped for j in parts]).astype(np.int64).tofile(job.staging[i] / SKIPPED_FILE)
             atomic_write_json(job.staging[i] / MANIFEST, manifest)
             publish_directory(job.staging[i], self.targets[i])
         except (DistrecError, OSError) as e:

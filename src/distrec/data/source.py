@@ -88,7 +88,8 @@ def gather_bags(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tu
 
 
 class MalformedRows:
-    """Rows of one input skipped as malformed: their count and the first few, with reasons.
+    """Rows of one input skipped as malformed: their count, the line numbers of all of them
+    (:meth:`lines`) and the first few with reasons.
 
     With ``strict``, :meth:`raise_if_strict` turns the first malformed row into a
     DistrecError naming the file and line.
@@ -100,6 +101,7 @@ class MalformedRows:
         self.unit = unit
         self.count = 0
         self.first: list[tuple[int, str]] = []  # (line, reason), sorted, the smallest lines
+        self._lines: list[np.ndarray] = []  # every recorded line, in blocks as recorded
 
     def add(self, lines: np.ndarray | list[int], reason: str) -> None:
         """Record malformed rows at ``lines`` (1-based line or row numbers)."""
@@ -107,6 +109,7 @@ class MalformedRows:
         if lines.size == 0:
             return
         self.count += int(lines.size)
+        self._lines.append(lines)
         smallest = np.sort(lines)[:REPORTED_MALFORMED_ROWS]
         self.first = sorted(self.first + [(int(n), reason) for n in smallest])[:REPORTED_MALFORMED_ROWS]
 
@@ -115,6 +118,12 @@ class MalformedRows:
         lines before the part of the input it read)."""
         self.count += other.count
         self.first = sorted(self.first + [(n + line_offset, reason) for n, reason in other.first])[:REPORTED_MALFORMED_ROWS]
+        self._lines += [lines + line_offset for lines in other._lines]
+
+    def lines(self) -> np.ndarray:
+        """The line (or row) numbers of every recorded row, ascending: int64 [count] (empty
+        for rows read from a manifest, which keeps only the first few)."""
+        return np.sort(np.concatenate(self._lines)) if self._lines else np.zeros(0, np.int64)
 
     def raise_if_strict(self) -> None:
         if self.strict and self.count:
@@ -178,7 +187,8 @@ class Source:
     when known in advance (for a progress bar's total), else None; ``fraction_read``, when
     given, tells how much of the input the chunks so far have consumed (0 to 1), and
     ``lines_read`` how many lines (of a text input; rows of a Parquet file) they took, so
-    that a part of a file can number its lines after the parts before it.
+    that a part of a file can number its lines after the parts before it. ``header_lines``
+    is how many of the input's first lines are no row (1 for a header line).
     """
 
     description: dict
@@ -190,6 +200,7 @@ class Source:
     num_rows: int | None = None
     fraction_read: Callable[[], float] | None = None
     lines_read: Callable[[], int] | None = None
+    header_lines: int = 0
 
 
 def existing_path(path: str | Path, what: str = "data", kind: str = "file") -> Path:

@@ -203,6 +203,7 @@ def read_tabular(
         num_rows=num_rows,
         fraction_read=fraction_read,
         lines_read=lines_read,
+        header_lines=int(fmt == "csv" and schema.header),
     )
 
 

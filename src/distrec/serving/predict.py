@@ -4,7 +4,8 @@ model (any checkpoint kind) or an exported program, streamed batch by batch into
 Memory stays bounded whatever the input's size: the input is parsed into distrec's
 memory-mapped data cache (as ``train`` and ``evaluate`` read it, malformed rows skipped and
 counted alike), scored one batch at a time and appended to the scores file
-(``distrec.serving.scores_file``); a Hotline run's disk tier stays memory-mapped.
+(``distrec.serving.scores_file``); a Hotline run's disk tier stays memory-mapped. Each score
+carries its row's position in the input, skipped rows counted (``Dataset.input_positions``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from distrec.allocator import keep_freed_memory
 from distrec.config import RunConfig
 from distrec.data.batch import Batch
+from distrec.data.inputs import path_list
 from distrec.data.source import MalformedRows
 from distrec.errors import DistrecError
 from distrec.serving.inputs import INPUT_NAMES, JaggedInputs
@@ -101,7 +103,7 @@ def predict_file(
 
     Returns what was done: the scores file, rows scored, samples scored per second (reading,
     scoring and writing, once the model and the data cache are ready), malformed rows skipped
-    (and the first of their lines), the model's source.
+    (and the first of their lines, per file for several files), the model's source.
 
     Raises:
         DistrecError: ``out`` is neither .parquet nor .csv, or the data cannot be read or
@@ -113,9 +115,8 @@ def predict_file(
     dataset = scoring_dataset(
         predictor.cfg, predictor.tables, predictor.num_dense, data_path, data_format, schema, cache_dir, strict, progress, predictor.dense_transforms
     )
-    assert dataset.manifest is not None  # a prepared cache's
-    malformed = MalformedRows.from_manifest(dataset.manifest)  # reported by prepare, counted here
-    name = Path(predictor.cfg.data.path).name if predictor.cfg.data.path else predictor.cfg.data.format
+    paths = path_list(predictor.cfg.data.path)
+    name = Path(paths[0]).name if len(paths) == 1 else f"{len(paths)} paths" if paths else predictor.cfg.data.format
     started = time.perf_counter()
     with (
         ScoresWriter(out) as writer,
@@ -123,14 +124,22 @@ def predict_file(
     ):
         for batch in dataset.batches(None, batch_size, shuffle=False):
             scores = predictor.score(batch)
-            writer.write(np.arange(writer.rows, writer.rows + len(scores)), scores, batch.labels.numpy())
+            positions = dataset.input_positions(np.arange(writer.rows, writer.rows + len(scores)))
+            writer.write(positions, scores, batch.labels.numpy())
             bar.update(len(scores))
     seconds = time.perf_counter() - started
     return {
         "scores": str(out),
         "rows": writer.rows,
         "samples_per_s": writer.rows / seconds if seconds > 0 else 0.0,
-        "malformed_rows": malformed.count,
-        "malformed_lines": [line for line, _ in malformed.first],
+        "malformed_rows": sum(m.count for m in dataset.malformed),
+        "malformed_lines": _first_malformed_lines(dataset.malformed),
         "model": predictor.source,
     }
+
+
+def _first_malformed_lines(malformed: list[MalformedRows]) -> list[int] | dict[str, list[int]]:
+    """The first skipped lines of the input file, or for several files, of each that skipped rows."""
+    if len(malformed) == 1:
+        return [line for line, _ in malformed[0].first]
+    return {m.path: [line for line, _ in m.first] for m in malformed if m.count}
