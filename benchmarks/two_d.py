@@ -100,7 +100,7 @@ def overrides(args: argparse.Namespace, out: Path, config: dict) -> list[str]:
         "train.optimizer=adam", f"train.lr={args.lr}", "train.embedding_optimizer=adagrad", f"train.embedding_lr={args.embedding_lr}",
         "train.threads=1", "train.log_every=0", f"parallel.hosts={args.hosts}", f"parallel.ranks_per_host={args.ranks_per_host}",
         "parallel.sharding=table_wise", f"parallel.replica_groups={config['groups']}", f"parallel.replica_sync={config['sync']}",
-        f"parallel.sync_every={config['every']}",
+        *([f"parallel.sync_every={config['every']}"] if config["sync"] == "periodic" else []),
     ]  # fmt: skip
 
 
