@@ -1,11 +1,13 @@
 """The command line's process behaviour: an earlier run is never overwritten silently, a
-worker's error reaches the user once, Ctrl-C and SIGTERM end a run with one line and an
-intact checkpoint, bad process options are one line, and a run says in one line each where
-it writes, that it reshards, and why it restarts."""
+worker's error or death reaches the user once, Ctrl-C and SIGTERM end a run with one line
+and an intact checkpoint, workers do not outlive a killed launcher, bad process options are
+one line, and a run says in one line each where it writes, that it reshards, and why it
+restarts."""
 
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,9 +17,12 @@ import pytest
 import torch
 
 from distrec.cli import main
-from distrec.cli.failures import LAUNCHER_LOGGER, announcing_restarts
+from distrec.cli.failures import LAUNCHER_LOGGER, announcing_restarts, killed_rank
+from distrec.cli.orphans import LAUNCHER_PID_ENV
+from distrec.cli.train import holding_run
 from distrec.components.checkpoint import find_checkpoint, read_meta
 from distrec.train.evaluate import load_trained_model
+from launched import running, wait_until_gone, workers_of
 from test_cli import ANNOUNCED_OPTIMIZERS, ANNOUNCED_RUN, assert_one_line_error
 
 CHOSEN_OPTIMIZERS = (
@@ -88,10 +93,11 @@ def test_a_worker_error_is_printed_once_by_the_launcher(tmp_path):
     ]
 
 
-def start_training(out, *argv):
+def start_training(out, *argv, progress=False):
     """A long training run in its own process group (as a shell starts a foreground job),
-    returned once its first checkpoint is written."""
-    argv = ["train", *TINY, "--max-steps", "100000", "--set", "train.checkpoint_every=5", "--out", str(out), *map(str, argv)]
+    returned once its first checkpoint is written; with ``progress``, its progress bar on."""
+    tiny = TINY if not progress else [a for a in TINY if a != "--no-progress"]
+    argv = ["train", *tiny, "--max-steps", "100000", "--set", "train.checkpoint_every=5", "--out", str(out), *map(str, argv)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "distrec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
     )
@@ -102,16 +108,101 @@ def start_training(out, *argv):
     return proc
 
 
-def test_ctrl_c_on_a_two_process_run_is_one_line(tmp_path):
+def test_ctrl_c_on_a_two_process_run_is_one_line_after_the_progress_bar(tmp_path):
     out = tmp_path / "run"
-    proc = start_training(out, "--nproc-per-node", 2)
+    proc = start_training(out, "--nproc-per-node", 2, progress=True)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches every process of the terminal's foreground group
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
-    lines = stderr_lines(stderr)
+    bar = re.compile(r"\| \d+/\d+ \[")  # rank 0's progress bar: "  0%|    | 10/100000 [00:01<...]"
+    lines = [line for line in stderr_lines(stderr) if not bar.search(line)]  # a message glued to the bar goes too
     assert len(lines) == 3 and lines[:2] == [CHOSEN_OPTIMIZERS, f"{ANNOUNCED_RUN}{out}"], stderr  # from rank 0 only
-    assert lines[2].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr
+    assert lines[2].startswith("distrec: interrupted (Ctrl-C); the checkpoint of step "), stderr  # on a line of its own
     assert f"continue with 'distrec train --resume {out} --nproc-per-node 2'" in lines[2]  # as many processes as it ran on
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers in Linux's /proc")
+def test_workers_stop_when_their_launcher_is_killed_and_keep_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    launcher = start_training(out, "--nproc-per-node", 2)
+    workers = workers_of(launcher.pid)
+    assert sorted(workers) == [0, 1]
+    launcher.kill()  # kill -9: it cannot stop its workers
+    launcher.communicate()
+    assert wait_until_gone(workers.values()) == []
+    assert read_meta(find_checkpoint(out))["world_size"] == 2
+    load_trained_model(out, torch.device("cpu"))  # loads: checksums match
+    with holding_run(out):  # nobody holds the run: it can be resumed
+        pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers in Linux's /proc")
+def test_a_killed_worker_is_one_line_naming_it_and_how_to_continue(tmp_path):
+    """Rank 0 fails after losing its peer, with a long traceback: the launcher names the rank
+    that died instead, and the resume command keeps the run's world size."""
+    out = tmp_path / "run"
+    launcher = start_training(out, "--nproc-per-node", 2)
+    os.kill(workers_of(launcher.pid)[1], signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1
+    step = read_meta(find_checkpoint(out))["step"]
+    assert stderr_lines(stderr) == [
+        CHOSEN_OPTIMIZERS,
+        f"{ANNOUNCED_RUN}{out}",
+        f"distrec: error: rank 1 died (SIGKILL); the checkpoint of step {step} in {str(out)!r} is intact: "
+        f"continue with 'distrec train --resume {out} --nproc-per-node 2'",
+    ]
+
+
+@pytest.mark.parametrize(
+    "failures, cause",
+    [
+        ({0: (1, 100), 1: (-9, 100)}, (1, -9)),  # rank 0 reported losing its peer, seen at the same time
+        ({0: (-15, 100), 1: (-6, 100)}, (1, -6)),  # rank 0 died of the launcher's SIGTERM
+        ({0: (2, 100), 1: (-15, 101)}, None),  # rank 0 reported an error first
+        ({0: (-9, 131), 1: (1, 100)}, None),  # rank 0 got the launcher's SIGKILL after not stopping
+        ({0: (-15, 100), 1: (-15, 100)}, None),  # both stopped by the launcher
+    ],
+)
+def test_the_killed_rank_is_the_first_seen_dead_of_a_signal_the_launcher_does_not_send(failures, cause):
+    assert killed_rank(failures) == cause
+
+
+PARENT = """
+import os, subprocess, sys, time
+from distrec.cli.orphans import LAUNCHER_PID_ENV
+child = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())})
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+WORKER = """
+import sys, time
+import distrec.cli.orphans as orphans
+if sys.argv[1] == "watch":
+    orphans._signal_on_parent_death, orphans.WATCH_SECONDS = lambda: False, 0.05  # as without prctl
+orphans.stop_with_launcher()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in Linux's /proc")
+@pytest.mark.parametrize("notice", ["kernel", "watch"])
+def test_a_worker_gets_sigterm_when_its_launcher_dies(notice):
+    """With the kernel's parent-death signal, or a thread watching the parent where there is none."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, WORKER, notice], stdout=subprocess.PIPE, text=True, env=ENV)
+    child = int(parent.stdout.readline())
+    assert parent.stdout.readline().strip() == "ready"
+    assert running(child)
+    parent.kill()
+    parent.wait()
+    assert wait_until_gone([child]) == []
+
+
+def test_a_worker_whose_launcher_already_died_gets_sigterm_at_once():
+    """The launcher died before the worker asked to be told: the worker has another parent."""
+    worker = subprocess.run([sys.executable, "-c", WORKER, "kernel"], capture_output=True, text=True, env={**ENV, LAUNCHER_PID_ENV: "1"}, timeout=120)
+    assert worker.returncode == -signal.SIGTERM and worker.stdout == "", worker.stderr
 
 
 def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):

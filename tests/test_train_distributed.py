@@ -31,6 +31,7 @@ from distrec.parallel.parallelize import dense_data_parallel
 from distrec.parallel.plan import ShardingPlan
 from distrec.tables import TableConfig
 from distrec.train.loop import Trainer, train
+from launched import workers_of
 from multiprocess import run_distributed
 from tiny_runs import TINY_DATA, assert_same_parameters, tiny_config, train_losses, train_on_rank, trained_parameters
 
@@ -177,20 +178,6 @@ def test_bad_plans_and_world_sizes_are_one_clear_error_before_launch(cache, tmp_
     assert not (tmp_path / "run").exists()
 
 
-def _worker_pids(launcher: int) -> list[int]:
-    """Processes whose parent is ``launcher`` (the elastic agent's workers)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == launcher:
-                pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds worker processes through /proc")
 def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cache, tmp_path):
     """A worker SIGKILLed mid-run: the launcher restarts the group from the last checkpoint and the
@@ -223,9 +210,9 @@ def test_killed_rank_is_restarted_from_the_checkpoint_and_finishes_the_same(cach
     deadline = time.monotonic() + 120
     while not (out / "checkpoint" / "meta.json").is_file() and time.monotonic() < deadline and launcher.poll() is None:
         time.sleep(0.01)
-    victims = _worker_pids(launcher.pid)
+    victims = workers_of(launcher.pid)
     assert victims, "no worker to kill"
-    os.kill(max(victims), signal.SIGKILL)
+    os.kill(victims[max(victims)], signal.SIGKILL)
     stdout, stderr = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, stderr
     restart = [line for line in stderr.splitlines() if "restarting" in line]  # the launcher saw the kill and restarted the group, in one line

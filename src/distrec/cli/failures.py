@@ -2,7 +2,8 @@
 
 A worker of ``distrec train --nproc-per-node`` does not print its error: it writes it to a
 file in the directory named by ``WORKER_ERRORS_ENV``, and the launcher prints the first
-one (the root cause; the other ranks fail after it, losing their peer). A failure the
+one (the root cause; the other ranks fail after it, losing their peer), or names the worker
+that a signal killed before it could write (``killed_rank``). A failure the
 launcher restarts the workers after (``--max-restarts``) is one line too, in place of torch's
 log of it. SIGTERM and SIGINT end a command as ``Interrupted`` (checkpoints are atomic, so
 the last one stays intact).
@@ -99,6 +100,16 @@ def worker_failure(rank: int, exitcode: int, directory: Path, attempt: int) -> s
     if reported is None:
         return f"rank {rank} exited with code {exitcode}"
     return f"rank {rank} failed: {reported.strip().splitlines()[-1].removeprefix('distrec: error: ')}"
+
+
+def killed_rank(failures: dict[int, tuple[int, float]]) -> tuple[int, int] | None:
+    """The worker a signal killed, from the workers' failures (rank -> exit code, and when the
+    launcher saw it): its rank and exit code, when it was among the first the launcher saw
+    fail; None when those reported an error, or died of the SIGTERM the launcher sends the
+    others after a failure (which fail losing their peer: their errors are consequences)."""
+    first_seen = min(seen for _, seen in failures.values())
+    killed = sorted(r for r, (code, seen) in failures.items() if seen == first_seen and code < 0 and -code != signal.SIGTERM)
+    return (killed[0], failures[killed[0]][0]) if killed else None
 
 
 class _RestartAnnouncer(logging.Filter):

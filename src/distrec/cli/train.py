@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distrec.cli.args import EXAMPLES_FORMAT, add_config_args, add_data_args, add_trust_arg, check_at_least, check_hotline_flags, config_from_args, trusting
-from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure
+from distrec.cli.failures import WORKER_ERRORS_ENV, Interrupted, announcing_restarts, first_worker_failure, killed_rank, worker_failure
 from distrec.cli.flags import FLAGS, add_flags
+from distrec.cli.orphans import LAUNCHER_PID_ENV, stop_with_launcher
 from distrec.errors import DistrecError
 
 if TYPE_CHECKING:
@@ -85,15 +86,14 @@ def _quiet_launcher(announce_failures: bool) -> Iterator[None]:
 def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int:
     """Re-run this command in ``--nproc-per-node`` workers under torch's elastic launcher.
 
-    Each worker gets ``OMP_NUM_THREADS`` = cores / workers unless it is set. The workers
-    report failures into a directory instead of stderr; the first one (the root cause: the
-    other ranks fail after it) is printed here, once. Returns the exit status.
+    Each worker gets ``OMP_NUM_THREADS`` = cores / workers unless it is set, and stops when
+    this process ends (``orphans``). The workers report failures into a directory instead of
+    stderr; one line is printed here on the root cause (the other ranks fail after it, losing
+    their peer): see ``_report_failed_workers``. Returns the exit status.
     """
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from distrec.components.checkpoint import has_checkpoint
 
     worker_argv = []
     skip = False
@@ -119,24 +119,36 @@ def _launch_workers(args: argparse.Namespace, argv: list[str], out: Path) -> int
         announcing_restarts(args.max_restarts, Path(errors), lambda: _restart_point(out)),
     ):
         os.environ[WORKER_ERRORS_ENV] = errors
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers stop when this process ends
         try:
             torchrun.main(launcher + ["-m", "distrec", *worker_argv])
         except SignalException as e:
             raise Interrupted(e.sigval) from None
         except ChildFailedError as e:
-            first = first_worker_failure(Path(errors))
-            if first is None:  # killed before it could report (a signal, out of memory)
-                codes = sorted({f.exitcode for f in e.failures.values()})
-                resume = f" (or continue with --resume {out})" if has_checkpoint(out) else ""
-                raise DistrecError(
-                    f"{len(e.failures)} of {args.nproc_per_node} workers failed (exit code {', '.join(map(str, codes))}) "
-                    f"after {args.max_restarts} restart(s) without a message; fix the cause and rerun{resume}"
-                ) from None
-            print(first, file=sys.stderr)
-            return 2 if first.startswith("distrec: error: ") else 1
+            return _report_failed_workers({rank: (f.exitcode, f.timestamp) for rank, f in e.failures.items()}, Path(errors), out, args)
         finally:
-            del os.environ[WORKER_ERRORS_ENV]
+            del os.environ[WORKER_ERRORS_ENV], os.environ[LAUNCHER_PID_ENV]
     return 0
+
+
+def _report_failed_workers(failures: dict[int, tuple[int, float]], errors: Path, out: Path, args: argparse.Namespace) -> int:
+    """Print one line on why the workers failed (rank -> exit code, when the launcher saw it);
+    the exit status. A worker killed by a signal cannot report: it is named, with how to
+    continue, and the others' errors (losing their peer) are left out; else the first
+    error a worker reported is printed."""
+    killed = killed_rank(failures)
+    first = first_worker_failure(errors) if killed is None else None
+    if first is not None:
+        print(first, file=sys.stderr)
+        return 2 if first.startswith("distrec: error: ") else 1
+    if killed is not None:
+        what = worker_failure(*killed, errors, args.max_restarts)
+    else:
+        codes = ", ".join(map(str, sorted({code for code, _ in failures.values()})))
+        what = f"{len(failures)} of {args.nproc_per_node} workers failed (exit code {codes}) without a message"
+    after = f" after {args.max_restarts} restart(s)" if args.max_restarts else ""
+    print(f"distrec: error: {what}{after}; {_what_was_kept(out, args.nproc_per_node)}", file=sys.stderr)
+    return 1
 
 
 def _check_out(out: Path) -> None:
@@ -155,6 +167,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.data.fingerprint import check_run_data, resolve_paths
     from distrec.train.run import resume_config
 
+    stop_with_launcher()  # a worker: before it does anything that its launcher's death should end
     check_at_least("--max-restarts", args.max_restarts, 0)
     check_at_least("--nproc-per-node", args.nproc_per_node, 1)
     if args.timeout_seconds is not None and not args.timeout_seconds > 0:
@@ -257,18 +270,19 @@ def _restarted_with_checkpoint(out: Path) -> bool:
     return _restart_count() > 0 and has_checkpoint(out)
 
 
-def _what_was_kept(out: Path) -> str:
-    """What an interrupted run leaves: the last complete checkpoint and how to continue."""
+def _what_was_kept(out: Path, procs: int | None = None) -> str:
+    """What a stopped run leaves: the last complete checkpoint and how to continue, on
+    ``procs`` processes (default: as many as saved the checkpoint)."""
     from distrec.components.checkpoint import find_checkpoint, has_checkpoint, read_meta
 
     if not has_checkpoint(out):
-        return f"no checkpoint was written in {str(out)!r} yet"
+        return f"no checkpoint was written in {str(out)!r} yet: start the run again with --overwrite"
     try:
         meta = read_meta(find_checkpoint(out))
     except DistrecError:
         return f"the checkpoint in {str(out)!r} is unreadable"
-    procs = int(meta.get("world_size", 1))
-    resume = f"distrec train --resume {out}" + (f" --nproc-per-node {procs}" if procs > 1 else "")  # on as many processes as it ran on
+    procs = procs or int(meta.get("world_size", 1))
+    resume = f"distrec train --resume {out}" + (f" --nproc-per-node {procs}" if procs > 1 else "")
     return f"the checkpoint of step {meta['step']} in {str(out)!r} is intact: continue with '{resume}'"
 
 

@@ -121,24 +121,24 @@ class Trainer:
         log = MetricsLog(self.out / run_files.METRICS_FILE, self.position.step if resume else None, self.cfg.train.tensorboard) if self.rank == 0 else None
         first_step, started = self.position.step, time.perf_counter()
         total = None if self.length.until_converged else self.length.total_steps
-        bar = tqdm(total=total, initial=first_step, unit="step", disable=not self.show_progress, dynamic_ncols=True)
         last_val: dict[str, float] = {}
         evaluated_at: int | None = None
-        while not self._done():
-            for batch in self.timer.loading(self._epoch_batches(), self.device):
-                loss = self._step(batch)
-                bar.update(1)
-                samples_s = (self.position.step - first_step) * self.length.batch_size / (time.perf_counter() - started)
-                evaluated = self._periodic(log, bar, loss, samples_s)
-                if evaluated is not None:
-                    last_val, evaluated_at = evaluated, self.position.step
-                if self._done():
-                    break
-            else:
-                self.position.epoch += 1
-                self.position.step_in_epoch = 0
+        # closed however the loop ends, so that a message after a stop starts on its own line
+        with tqdm(total=total, initial=first_step, unit="step", disable=not self.show_progress, dynamic_ncols=True) as bar:
+            while not self._done():
+                for batch in self.timer.loading(self._epoch_batches(), self.device):
+                    loss = self._step(batch)
+                    bar.update(1)
+                    samples_s = (self.position.step - first_step) * self.length.batch_size / (time.perf_counter() - started)
+                    evaluated = self._periodic(log, bar, loss, samples_s)
+                    if evaluated is not None:
+                        last_val, evaluated_at = evaluated, self.position.step
+                    if self._done():
+                        break
+                else:
+                    self.position.epoch += 1
+                    self.position.step_in_epoch = 0
         elapsed = time.perf_counter() - started
-        bar.close()
         if evaluated_at != self.position.step:
             last_val = self._evaluate_and_log(log) or last_val
         return self._finish(log, last_val, self.position.step - first_step, elapsed)
