@@ -93,7 +93,7 @@ class DistributedHotlineTraining:
         self.schedulers = optimization.schedulers(self.optimizers)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
-        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim))
+        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim), self.embeddings.hot_weight.element_size())
         self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
         logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
         total_rows = self.embeddings.space.total_rows
