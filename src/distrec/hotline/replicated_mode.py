@@ -43,13 +43,13 @@ class ReplicatedHotline(Sharded):
         return self.training
 
     def telemetry(self) -> list[Telemetry]:
-        h, counters = self.ctx.cfg.hotline, self.training.counters
+        h, training = self.ctx.cfg.hotline, self.training  # its counters are read when asked: a resume replaces them
 
         def summary() -> dict[str, Any]:
-            counters.warn_if_never_hot(h.relearn_every, h.sample_rate)
-            return {"hotline": self.training.stats()}
+            training.counters.warn_if_never_hot(h.relearn_every, h.sample_rate)
+            return {"hotline": training.stats()}
 
-        return [Telemetry(exchange=lambda: self.model.embeddings.stats, training=counters.fractions, summary=summary)]
+        return [Telemetry(exchange=lambda: self.model.embeddings.stats, training=lambda: training.counters.fractions(), summary=summary)]
 
     def block_module(self) -> nn.Module:
         return self.model.embeddings.cold

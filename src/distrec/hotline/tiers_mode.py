@@ -42,14 +42,13 @@ class HotlineTiers(ParallelMode):
         return self.training
 
     def telemetry(self) -> list[Telemetry]:
-        h = self.ctx.cfg.hotline
-        stats = self.training.pipeline.stats
+        h, pipeline = self.ctx.cfg.hotline, self.training.pipeline  # its stats are read when asked: a resume replaces them
 
         def summary() -> dict[str, Any]:
-            stats.warn_if_never_hot(h.relearn_every, h.sample_rate)
+            pipeline.stats.warn_if_never_hot(h.relearn_every, h.sample_rate)
             return {"hotline": self.training.stats()}
 
-        return [Telemetry(training=stats.fractions, summary=summary)]
+        return [Telemetry(training=lambda: pipeline.stats.fractions(), summary=summary)]
 
     def checkpoint_format(self) -> CheckpointFormat:
         return TiersFormat(self.training)
