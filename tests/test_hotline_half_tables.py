@@ -19,6 +19,8 @@ from distrec.data import Dataset, prepare
 from distrec.hotline.distributed import DistributedHotlineTraining
 from distrec.hotline.hot_set import INDEX_BYTES_PER_ROW
 from distrec.hotline.row_files import BASE_FILE
+from distrec.hotline.row_state import RowLayout
+from distrec.hotline.tiers import TwoTierStore
 from distrec.train.loop import train
 from multiprocess import run_distributed
 from tiny_runs import tiny_config, train_losses, train_on_rank, trained_parameters
@@ -71,6 +73,25 @@ def _total_rows(cache: Path) -> int:
 
 
 # --- one process: hot rows in RAM, the others in a memory-mapped file -------------------------
+@pytest.mark.parametrize("slow", ["disk", "host"])
+def test_stored_rows_move_between_tiers_bit_for_bit(tmp_path, slow):
+    """bf16 weights of an odd dim (one unit of padding) and lazy Adam's two float32 vectors per row:
+    16-bit elements hold them apart, and rows move between the tiers without being rounded."""
+    layout = RowLayout.of("adam", 5, torch.bfloat16)
+    assert (layout.unit, layout.state_start, layout.width, layout.row_bytes) == (torch.int16, 6, 26, 52)
+    gen = torch.Generator().manual_seed(0)
+    reference = layout.empty(40)
+    layout.weights(reference).copy_(torch.randn(40, 5, generator=gen))
+    layout.state(reference).copy_(torch.randn(40, 10, generator=gen))  # as 16-bit halves, some are NaN patterns
+    store = TwoTierStore(40, layout.width, torch.device("cpu"), init=lambda s, e: reference[s:e], slow=slow, directory=tmp_path, dtype=layout.unit)
+    with store:
+        assert store.slow_bytes == 40 * 52
+        for hot in ([1, 4, 9], [4, 30, 39], []):
+            store.set_hot(np.array(hot, dtype=np.int64))
+            assert torch.equal(store.gather(torch.arange(40)), reference)
+            assert store.fast.dtype == torch.int16 and layout.weights(store.fast).dtype == torch.bfloat16
+
+
 @pytest.fixture(scope="module")
 def one_process(cache, tmp_path_factory) -> dict[str, Path]:
     """SGD runs: float32 Hotline, fp16 and bf16 Hotline, ordinary fp16 training."""

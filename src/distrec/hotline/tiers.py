@@ -108,7 +108,7 @@ def map_table_file(path: str | Path, num_rows: int, width: int, dtype: np.dtype 
         size = os.fstat(fd).st_size
         if size != nbytes:
             raise DistrecError(
-                f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width * dtype.itemsize} bytes; "
+                f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width} {dtype.name}; "
                 "write it for these tables, this embedding optimizer and this table dtype"
             )
         return _map_rows(fd, num_rows, width, dtype)
