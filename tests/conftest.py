@@ -23,6 +23,7 @@ MULTIPROCESS_MODULES = {
     "test_comm_timeout",
     "test_hotline_distributed",
     "test_hotline_distributed_step",
+    "test_hotline_half_tables",
     "test_parallel_sptt_embedding",
     "test_planner_collect",
     "test_planner_emit",
@@ -44,6 +45,7 @@ MULTIPROCESS_MODULES = {
 EQUIVALENCE_MODULES = {
     "test_hotline_distributed",
     "test_hotline_distributed_step",
+    "test_hotline_half_tables",
     "test_hotline_training",
     "test_models",
     "test_models_dmt",

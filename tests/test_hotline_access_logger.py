@@ -189,3 +189,21 @@ def test_save_and_load_continue_the_window(tmp_path):
     assert [logger.observe(np.array([1])) for _ in range(20)] == [resumed.observe(np.array([1])) for _ in range(20)]
     with pytest.raises(DistrecError, match="same tables"):
         AccessLogger(4096, sample_rate=0.5, total_rows=2000).load(tmp_path / "logger.npz")
+
+
+def test_a_state_dict_round_trip_through_a_checkpoint_file_continues_the_window(tmp_path):
+    """``state_dict`` (distributed Hotline's rank 0 keeps it in its checkpoint file) loads with
+    ``weights_only=True`` and continues like ``save``/``load``."""
+    logger = AccessLogger(4096, sample_rate=0.5, seed=3, total_rows=1000)
+    for i in range(10):
+        logger.observe(np.arange(i, 100 + i))
+    torch.save(logger.state_dict(), tmp_path / "state.pt")
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
+    resumed = AccessLogger(4096, sample_rate=0.5, seed=99, total_rows=1000)
+    resumed.load_state_dict(saved)
+    assert resumed.sampled_batches == logger.sampled_batches
+    for a, b in zip(logger.counts(), resumed.counts()):
+        np.testing.assert_array_equal(a, b)
+    assert [logger.observe(np.array([1])) for _ in range(20)] == [resumed.observe(np.array([1])) for _ in range(20)]
+    with pytest.raises(DistrecError, match="same tables"):
+        AccessLogger(8192, sample_rate=0.5, total_rows=1000).load_state_dict(saved)

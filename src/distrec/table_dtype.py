@@ -24,6 +24,12 @@ from torch import nn
 from distrec.config import TableDtype
 from distrec.errors import DistrecError
 
+ROUNDING_KEY = "rounding_key"
+"""The attribute of a half table naming the random stream of its rounded writes for the sparse
+optimizers (an int below 2**32), in place of the table's place in its parameter group: for a
+table that several processes must round alike although its place differs between them (a
+replicated table), or a view of stored rows stepped on its own."""
+
 TORCH_DTYPES: dict[TableDtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -120,6 +120,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     from distrec.hotline.row_state import row_state_floats
     from distrec.hotline.rows import RowSpace
     from distrec.io import atomic_write_json
+    from distrec.table_dtype import torch_dtype
     from distrec.units import parse_bytes
 
     cfg = config_from_args(args)
@@ -137,7 +138,7 @@ def run_hotline(args: argparse.Namespace, argv: list[str]) -> int:
     tables = dataset.tables(cfg.model.embedding_dim)
     space = RowSpace.from_tables(tables)
     dim = cfg.model.embedding_dim
-    row_bytes = hot_row_bytes(dim, row_state_floats(embedding_optimizer(cfg), dim))
+    row_bytes = hot_row_bytes(dim, row_state_floats(embedding_optimizer(cfg), dim), torch_dtype(cfg.model.table_dtype).itemsize)
     table_bytes = space.total_rows * row_bytes
     hot_budget = parse_bytes(cfg.hotline.hot_budget, "hotline.hot_budget")
     if hot_budget < row_bytes:

@@ -21,7 +21,7 @@ from distrec.kernels import compiled, runs_compiled
 from distrec.kernels.rows import add_to_distinct_rows
 from distrec.models.base import RecommendationModel
 from distrec.models.embedding import group_by_row, sum_by_row, update_rows_in_backward
-from distrec.table_dtype import add_to_rows, compute_dtype, is_half, rounding_generator
+from distrec.table_dtype import ROUNDING_KEY, add_to_rows, compute_dtype, is_half, rounding_generator
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam")
 
@@ -116,9 +116,10 @@ class SparseRowOptimizer(Optimizer):
 
     Rows of a half-precision table (fp16, bf16: ``distrec.table_dtype``) are updated in
     float32 and rounded stochastically when written (``add_to_rows``); the random stream of
-    a write is keyed by the parameter's place in its group, the group's ``rounding_steps``
-    (the steps that wrote half rows, saved with the hyperparameters so a resume rounds as
-    the run did) and the block of rows. The state stays float32.
+    a write is keyed by the parameter's place in its group (or its ``ROUNDING_KEY``), the
+    group's ``rounding_steps`` (the steps that wrote half rows, saved with the
+    hyperparameters so a resume rounds as the run did) and the block of rows. The state
+    stays float32.
     """
 
     fuses_rows: bool = False
@@ -178,7 +179,9 @@ class SparseRowOptimizer(Optimizer):
         if not is_half(param):
             add_to_distinct_rows(param, rows, delta)
             return
-        key = next(i for i, q in enumerate(group["params"]) if q is param)
+        key = getattr(param, ROUNDING_KEY, None)
+        if key is None:
+            key = next(i for i, q in enumerate(group["params"]) if q is param)
         add_to_rows(param, rows, delta, rounding_generator([key, block], group.get("rounding_steps", 0), param.device))
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -264,12 +265,33 @@ class AccessLogger:
                 sampled, rng = int(saved["sampled_batches"]), json.loads(str(saved["rng"]))
         except (OSError, ValueError, KeyError) as e:
             raise DistrecError(f"cannot read the access logger from {str(path)!r} ({e}); pass a file written by save") from None
-        if entries.shape != self._entries.shape or entries.dtype != self._entries.dtype or total_rows != self.total_rows:
+        self._restore(entries, total_rows, sampled, rng, f"the access logger in {str(path)!r}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What ``save`` writes, for a checkpoint's state dict (``torch.load(weights_only=True)``
+        loads it): the entries as bytes (uint8 tensor), the rows, the window's sample count and
+        the sampling state (JSON)."""
+        return {
+            "entries": torch.from_numpy(self._entries.reshape(-1).view(np.uint8).copy()),
+            "total_rows": self.total_rows,
+            "sampled_batches": self.sampled_batches,
+            "rng": json.dumps(self._rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()`` of a logger of the same size and rows."""
+        raw = state["entries"].numpy()
+        entries = raw.view(self._entries.dtype) if raw.size % self._entries.itemsize == 0 else raw
+        self._restore(entries, int(state["total_rows"]), int(state["sampled_batches"]), json.loads(state["rng"]), "the saved access logger")
+
+    def _restore(self, entries: np.ndarray, total_rows: int, sampled: int, rng: dict[str, Any], what: str) -> None:
+        """Take saved entries (any shape), rows, sample count and sampling state, after checking they fit."""
+        if entries.size != self._entries.size or entries.dtype != self._entries.dtype or total_rows != self.total_rows:
             raise DistrecError(
-                f"the access logger in {str(path)!r} has {entries.size} entries for {total_rows} rows, this one {self.entries} for "
+                f"{what} has {entries.size} entries for {total_rows} rows, this one {self.entries} for "
                 f"{self.total_rows}; resume with the same tables and hotline.logger_size"
             )
-        self._entries[...] = entries
+        self._entries[...] = entries.reshape(self._entries.shape)
         self.sampled_batches = sampled
         self._rng.bit_generator.state = rng
 

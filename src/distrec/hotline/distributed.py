@@ -93,7 +93,7 @@ class DistributedHotlineTraining:
         self.schedulers = optimization.schedulers(self.optimizers)
         dense = model.dense_parameters()
         self.train_step = TrainStep(model, self.optimizers, self.schedulers, timer=timer, sync_gradients=lambda: self.embeddings.sync_gradients(dense))
-        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim))
+        self.row_bytes = hot_row_bytes(self.embeddings.dim, row_state_floats(row_optimizer, self.embeddings.dim), self.embeddings.hot_weight.element_size())
         self.budget_bytes = parse_bytes(h.hot_budget, "hotline.hot_budget")
         logger_bytes = parse_bytes(h.logger_size, "hotline.logger_size") if h.logger_size else DEFAULT_LOGGER_BYTES
         total_rows = self.embeddings.space.total_rows
@@ -195,20 +195,30 @@ class DistributedHotlineTraining:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The hot set and the counters (the rows are in the shards' checkpoint blocks; the
-        logger starts a new window on resume, which changes the hot set, never the maths)."""
+        """The hot set, the counters and, on rank 0, the access logger and its place in the
+        learning window (the rows are in the shards' checkpoint blocks), so a resumed run
+        re-learns the hot sets the run would have: the same micro-batches, the same sums."""
+        logger = {} if self.logger is None else {"logger": self.logger.state_dict(), "sampled_at_relearn": self._sampled_at_relearn}
         return {
             "hot_ids": self.embeddings.hot_ids.cpu(),
             "stats": asdict(self.counters),
             "all_reduce_bytes": self.all_reduce_bytes,
+            **logger,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state_dict()``, after the shards and the optimizers were restored (collective)."""
+        """Continue from ``state_dict()``, after the shards and the optimizers were restored
+        (collective). Rank 0's logger starts a new window when the state holds none (a
+        checkpoint written before loggers were saved): that changes the hot set, never the maths."""
         self.counters = PipelineStats(**state["stats"])
         self.all_reduce_bytes = int(state["all_reduce_bytes"])
         self.embeddings.set_hot_ids(state["hot_ids"], self.sparse_optimizer)
-        if self.logger is not None:
+        if self.logger is None:
+            return
+        if "logger" in state:
+            self.logger.load_state_dict(state["logger"])
+            self._sampled_at_relearn = int(state["sampled_at_relearn"])
+        else:
             self._sampled_at_relearn = self.logger.sampled_batches
 
     def close(self) -> None:

@@ -14,6 +14,10 @@ every looked-up row to the one tier holding it. The leaf is either
 
 A forward pass uses a staged lookup (``prefetched``) instead of gathering: that is how the
 pipeline hides the slow tier.
+
+A half-precision table (fp16, bf16: ``distrec.table_dtype``) is stored so in both tiers
+(``RowLayout``; its optimizer state stays float32): lookups pool its rows into float32 sums,
+its gradients are float32, and ``TieredRowOptimizer`` rounds updated rows stochastically.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ from torch import nn
 
 from distrec.data.batch import Batch
 from distrec.errors import DistrecError
-from distrec.hotline.hot_set import HotSet, hot_row_bytes
-from distrec.hotline.row_state import row_state_floats
+from distrec.hotline.hot_set import INDEX_BYTES_PER_ROW, HotSet
+from distrec.hotline.row_state import RowLayout
 from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
 from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major
 from distrec.models.table_init import TableInit
+from distrec.table_dtype import is_half
 from distrec.tables import TableConfig
 
 
@@ -47,7 +52,7 @@ class EmbeddingLookup:
         slots: fast-tier slot of each row of ``rows`` (-1: slow tier), int64 [U], or None
             when ``rows`` is the fast tier itself (row j = slot j).
         bags: the batch's sample-major bags of positions in ``rows``.
-        rows: embedding weights, float32 [U, D], on the module's device.
+        rows: embedding weights, [U, D] of the table's dtype, on the module's device.
         ready: on CUDA, the event after which ``rows`` are on the device (they were copied on
             the store's own stream); None when they are ready now.
     """
@@ -61,7 +66,7 @@ class EmbeddingLookup:
 
 
 INT32_MAX = torch.iinfo(torch.int32).max
-WeightInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 weights [end - start, D]
+WeightInit = Callable[[int, int], torch.Tensor]  # (start, end) -> weights [end - start, D] (float32, or the table's dtype)
 
 
 def stacked_rows_init(initializer: TableInit) -> WeightInit:
@@ -98,6 +103,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
         readahead: read a disk tier's pages ahead for each gather (see ``TwoTierStore``).
         slow_file: an existing file of every stored row used as the disk tier in place
             (``TwoTierStore``); ``init`` and ``seed`` are then unused.
+        dtype: how the weights are stored, in both tiers: float32, or float16 / bfloat16
+            (``RowLayout``; initial weights are rounded to it to nearest, as an ordinary model's).
 
     Example:
         >>> model.embeddings = HotlineEmbeddingBagCollection(tables, device, optimizer="adagrad")
@@ -118,6 +125,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
         progress: bool = False,
         readahead: bool = True,
         slow_file: str | Path | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         dims = sorted({t.dim for t in tables})
@@ -128,24 +136,26 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self.optimizer = optimizer
         self.space = RowSpace.from_tables(self.tables)
         self.device = torch.device(device if device is not None else "cpu")
-        width = self.dim + row_state_floats(optimizer, self.dim)
+        self.layout = RowLayout.of(optimizer, self.dim, dtype)
         weights = init or stacked_rows_init(TableInit(self.tables, seed))
 
         def stored_rows(start: int, end: int) -> torch.Tensor:
-            rows = torch.zeros(end - start, width)
-            rows[:, : self.dim] = weights(start, end)
+            rows = self.layout.empty(end - start)
+            self.layout.weights(rows).copy_(weights(start, end))
             return rows
 
-        self.store = TwoTierStore(self.space.total_rows, width, self.device, stored_rows, slow, directory, progress, readahead, slow_file)
+        self.store = TwoTierStore(
+            self.space.total_rows, self.layout.width, self.device, stored_rows, slow, directory, progress, readahead, slow_file, self.layout.unit
+        )
         self._no_offsets = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)  # ids are global already
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched: EmbeddingLookup | None = None
 
     @classmethod
     def from_embedding_bags(cls, ebc: EmbeddingBagCollection, **kwargs: object) -> HotlineEmbeddingBagCollection:
-        """A Hotline copy of a models' EmbeddingBagCollection (its weights now, zero optimizer state)."""
+        """A Hotline copy of a models' EmbeddingBagCollection (its weights now, in its dtype; zero optimizer state)."""
         weight = ebc.weight.detach()
-        hotline = cls(ebc.tables, weight.device, init=lambda start, end: weight[start:end], **kwargs)
+        hotline = cls(ebc.tables, weight.device, init=lambda start, end: weight[start:end], dtype=weight.dtype, **kwargs)
         hotline.store.initialise()  # copied before the caller changes ``ebc``
         return hotline
 
@@ -156,7 +166,7 @@ class HotlineEmbeddingBagCollection(nn.Module):
     @property
     def hot_row_bytes(self) -> int:
         """Fast-tier bytes of one hot row (weights, optimizer state and id)."""
-        return hot_row_bytes(self.dim, self.store.width - self.dim)
+        return self.layout.row_bytes + INDEX_BYTES_PER_ROW
 
     @property
     def hot_ids(self) -> torch.Tensor:
@@ -179,13 +189,13 @@ class HotlineEmbeddingBagCollection(nn.Module):
         slots = self.store.slots(ids)
         bags = sample_major(inverse, batch.sparse_offsets, self._no_offsets)
         rows, ready = self.store.gather_staged(ids, width=self.dim, slots=slots)
-        return EmbeddingLookup(batch, ids, slots, bags, rows, ready)
+        return EmbeddingLookup(batch, ids, slots, bags, self.layout.weights(rows), ready)
 
     def hot_lookup(self, batch: Batch, slots: torch.Tensor) -> EmbeddingLookup:
         """A lookup of ``batch`` straight from the fast tier; ``slots``: the fast-tier slot of
         every index of ``batch.sparse_values`` (all hot), int64 [nnz]."""
         bags = sample_major(slots, batch.sparse_offsets, self._no_offsets)
-        return EmbeddingLookup(batch, self.store.hot_ids, None, bags, self.store.fast_weights(self.dim))
+        return EmbeddingLookup(batch, self.store.hot_ids, None, bags, self.layout.weights(self.store.fast))
 
     @contextmanager
     def prefetched(self, lookup: EmbeddingLookup) -> Iterator[None]:
@@ -205,6 +215,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
             stream.wait_event(lookup.ready)
             lookup.rows.record_stream(stream)
         weights = lookup.rows.detach().requires_grad_(torch.is_grad_enabled())
+        if weights.requires_grad and is_half(weights):
+            weights.grad_dtype = torch.float32  # as a half table's parameter (``table_parameter``)
         pooled = pool_sum(weights, lookup.bags)
         if weights.requires_grad:
             self._pending.append((lookup, weights))
@@ -213,8 +225,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
     def apply_gradients(self, rule: RowUpdate) -> bool:
         """Update every row looked up since the last call with its summed gradient, in its tier.
 
-        ``rule(rows, grad)`` updates stored rows [n, width] in place from a sparse [n, dim]
-        gradient (see ``RowUpdate``). Returns whether any row had a gradient.
+        ``rule(rows, grad)`` updates stored rows [n, width] (``layout``) in place from a sparse
+        float32 [n, dim] gradient (see ``RowUpdate``). Returns whether any row had a gradient.
         """
         parts = [(lookup, w.grad) for lookup, w in self._pending if w.grad is not None]
         self._pending.clear()
@@ -242,8 +254,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self._pending.clear()
 
     def weights(self, ids: torch.Tensor) -> torch.Tensor:
-        """Current embedding weights of global rows ``ids``: float32 [n, D] on the module's device."""
-        return self.store.gather(ids, width=self.dim)
+        """Current embedding weights of global rows ``ids``: [n, D] of the table's dtype, on the module's device."""
+        return self.layout.weights(self.store.gather(ids, width=self.dim))
 
     def close(self) -> None:
         """Release both tiers."""
@@ -251,4 +263,5 @@ class HotlineEmbeddingBagCollection(nn.Module):
         self.store.close()
 
     def extra_repr(self) -> str:
-        return f"tables={self.num_features}, rows={self.space.total_rows}, dim={self.dim}, hot={self.hot_ids.numel()}, slow={self.store.slow_kind}"
+        stored = "" if self.layout.dtype == torch.float32 else f", dtype={self.layout.dtype}"
+        return f"tables={self.num_features}, rows={self.space.total_rows}, dim={self.dim}{stored}, hot={self.hot_ids.numel()}, slow={self.store.slow_kind}"

@@ -25,9 +25,10 @@ from distrec.tables import TableConfig
 INDEX_BYTES_PER_ROW = 8  # the row's int64 global id in the fast tier's sorted id array
 
 
-def hot_row_bytes(dim: int, state_floats: int = 0) -> int:
-    """Fast-tier bytes of one hot row: float32 weights and optimizer state, plus its int64 id."""
-    return (dim + state_floats) * FLOAT_BYTES + INDEX_BYTES_PER_ROW
+def hot_row_bytes(dim: int, state_floats: int = 0, weight_bytes: int = FLOAT_BYTES) -> int:
+    """Fast-tier bytes of one hot row: its weights (``weight_bytes`` each: 4, or 2 for a half
+    table) and float32 optimizer state, plus its int64 id."""
+    return dim * weight_bytes + state_floats * FLOAT_BYTES + INDEX_BYTES_PER_ROW
 
 
 @dataclass

@@ -7,6 +7,11 @@ this optimizer runs the very same ``update`` of the project's optimizer on each 
 weights and state as column views of the stored rows: in place on the fast tier (indexed by
 slot), and on a gathered copy of the touched slow-tier rows, written back. Same formula, so
 the trained model equals ordinary training.
+
+Rows of a half table are updated in float32 and rounded stochastically when written, as the
+project's optimizer rounds a half parameter: the random stream of a write is keyed by the
+tier (``FAST_TIER_KEY``, ``SLOW_TIER_KEY``), the block of rows and the parameter group's
+``rounding_steps`` (saved in checkpoints, so a resumed run rounds exactly as the run did).
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from torch.optim import Optimizer
 from distrec.components.optim import SPARSE_OPTIMIZERS, evaluate_closure
 from distrec.errors import DistrecError
 from distrec.hotline.row_state import STEP_KEY, state_views
+from distrec.table_dtype import ROUNDING_KEY
 
 if TYPE_CHECKING:
     from distrec.hotline.embedding import HotlineEmbeddingBagCollection
+
+FAST_TIER_KEY, SLOW_TIER_KEY = 0, 1  # the rounding keys of the writes into each tier
 
 
 class TieredRowOptimizer(Optimizer):
@@ -52,15 +60,19 @@ class TieredRowOptimizer(Optimizer):
         steps = self.state.get(STEP_KEY, 0)
         if self.embeddings.apply_gradients(lambda rows, grads: self._update(rows, grads, group, steps)):
             self.state[STEP_KEY] = steps + 1
+            if self.embeddings.layout.dtype != torch.float32:  # rows were rounded
+                group["rounding_steps"] = group.get("rounding_steps", 0) + 1
         return loss
 
     def _update(self, rows: torch.Tensor, grad: torch.Tensor, group: dict, steps: int) -> None:
         """Run the project optimizer's update in place on stored rows [n, width] (a gathered
-        copy, or the whole fast tier) from their sparse gradient [n, dim]."""
-        dim = grad.shape[1]
-        state = state_views(rows, self.embeddings.optimizer, dim)
+        copy, or the whole fast tier) from their sparse float32 gradient [n, dim]."""
+        layout = self.embeddings.layout
+        state = state_views(layout.state(rows), self.embeddings.optimizer, layout.dim)
         state[STEP_KEY] = steps
-        self._rule.update(rows[:, :dim], grad, group, state)
+        weights = layout.weights(rows)
+        setattr(weights, ROUNDING_KEY, FAST_TIER_KEY if rows is self.embeddings.store.fast else SLOW_TIER_KEY)
+        self._rule.update(weights, grad, group, state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients of the rows looked up since the last step."""

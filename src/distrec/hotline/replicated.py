@@ -15,6 +15,11 @@ rows some rank looked up are averaged over the ranks in the same all-reduce as t
 gradients (see ``sync_gradients``), so every replica takes the same step. When the hot set changes,
 leaving rows (weights and row-wise optimizer state) are written back into their owners'
 shards and entering rows are read out of them (``set_hot_ids``): no update is lost.
+
+Half-precision tables (fp16, bf16: ``distrec.table_dtype``): the hot table is stored in the
+shards' dtype, pools into float32 and has a float32 gradient; rows move between it and the
+shards unchanged (packed in float32, which holds every half value exactly). Its rounded
+writes are keyed alike on every rank (``HOT_ROUNDING_KEY``), so the replicas stay equal.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled, runs_compiled
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
+from distrec.table_dtype import ROUNDING_KEY, compute_dtype, is_half, table_parameter
+
+HOT_ROUNDING_KEY = 1 << 31
+"""The hot table's rounding key (``ROUNDING_KEY``): the same on every rank, where its place among
+the embedding parameters is not (the ranks hold different shards), and beyond any place."""
 
 
 class _HotPooling(torch.autograd.Function):
@@ -47,7 +57,8 @@ class _HotPooling(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
         ctx.rows, ctx.bag_of, ctx.into = rows, bag_of, into
-        return F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True)
+        pooled = F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True)
+        return pooled.float() if is_half(weight) else pooled
 
     @staticmethod
     @torch.no_grad()
@@ -89,10 +100,14 @@ class ReplicatedHotEmbedding(nn.Module):
         self.space = RowSpace.from_tables(cold.tables)
         self.group = cold.group
         self.world_size = cold.world_size
-        device = next(cold.parameters()).device
+        weight = next(cold.parameters())
+        device = weight.device
         self.hot_ids = torch.zeros(0, dtype=torch.int64, device=device)
-        self.hot_weight = nn.Parameter(torch.zeros(0, self.dim, device=device))
-        self._hot_grad = torch.zeros(0, self.dim, device=device)  # [H, D] this step's hot-row gradients; zero outside its looked-up rows
+        self.hot_weight = table_parameter(torch.zeros(0, self.dim, dtype=weight.dtype, device=device))  # float32 gradients
+        setattr(self.hot_weight, ROUNDING_KEY, HOT_ROUNDING_KEY)
+        self._hot_grad = torch.zeros(
+            0, self.dim, dtype=compute_dtype(weight), device=device
+        )  # [H, D] this step's hot-row gradients; zero outside its looked-up rows
         self._offsets = torch.as_tensor(self.space.offsets, device=device)
         self._table_index = {t.name: i for i, t in enumerate(self.tables)}
         self._local_only = False
@@ -255,17 +270,20 @@ class ReplicatedHotEmbedding(nn.Module):
         rows[stays] = old_rows[old_pos[stays]]
         rows[~stays] = self._read_rows(ids[~stays], old_rows.shape[1], optimizer)
         self.hot_ids = ids
-        self.hot_weight.data = empty_table(ids.numel(), self.dim, rows.device).copy_(rows[:, : self.dim])  # on huge pages, like the shards
+        self.hot_weight.data = empty_table(ids.numel(), self.dim, rows.device, self.hot_weight.dtype).copy_(
+            rows[:, : self.dim]
+        )  # on huge pages, like the shards
         self.hot_weight.grad = None
-        self._hot_grad = empty_table(ids.numel(), self.dim, rows.device).zero_()
+        self._hot_grad = empty_table(ids.numel(), self.dim, rows.device, self._hot_grad.dtype).zero_()
         if optimizer is not None:
             state = self._row_state(optimizer, self.hot_weight)
             for k, key in enumerate(state):
                 state[key] = rows[:, self.dim + k].contiguous()
 
     def _pack(self, weights: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Rows [n, D + state keys]: weights, then one column per row-wise state tensor."""
-        return torch.cat([weights, *[v.unsqueeze(1) for v in state.values()]], dim=1)
+        """Rows float32 [n, D + state keys]: weights (exactly, whatever their dtype), then one
+        column per row-wise state tensor."""
+        return torch.cat([weights.float(), *[v.unsqueeze(1) for v in state.values()]], dim=1)
 
     def _row_state(self, optimizer: Optimizer | None, param: nn.Parameter) -> dict[str, torch.Tensor]:
         """``optimizer``'s state of ``param`` (created empty-handed if no step made it yet);
@@ -276,7 +294,10 @@ class ReplicatedHotEmbedding(nn.Module):
         if not state:  # the sparse optimizers create their state at the first update
             group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
             no_rows = torch.sparse_coo_tensor(
-                torch.zeros(1, 0, dtype=torch.int64, device=param.device), param.new_zeros(0, param.shape[1]), param.shape, check_invariants=False
+                torch.zeros(1, 0, dtype=torch.int64, device=param.device),
+                param.new_zeros(0, param.shape[1], dtype=compute_dtype(param)),
+                param.shape,
+                check_invariants=False,
             )
             optimizer.update(param, no_rows, group, state)
         return state
@@ -291,15 +312,16 @@ class ReplicatedHotEmbedding(nn.Module):
             yield held, inside, rows[inside] - b.row_start + held.base
 
     def _write_rows(self, ids: torch.Tensor, rows: torch.Tensor, optimizer: Optimizer | None) -> None:
-        """Copy packed ``rows`` of global ``ids`` into every block of them this rank holds."""
+        """Copy packed ``rows`` of global ``ids`` into every block of them this rank holds
+        (weights in the block's dtype: exactly, they came from it)."""
         for held, inside, local in self._blocks_of(ids, include_replicas=True):
             b = held.block
-            held.param.data[local] = rows[inside, b.col_start : b.col_end]
+            held.param.data[local] = rows[inside, b.col_start : b.col_end].to(held.param.dtype)
             for k, value in enumerate(self._row_state(optimizer, held.param).values()):
                 value[local] = rows[inside, self.dim + k]
 
     def _read_rows(self, ids: torch.Tensor, width: int, optimizer: Optimizer | None) -> torch.Tensor:
-        """Packed rows [n, width] of global ``ids`` assembled from their owners (a collective).
+        """Packed rows float32 [n, width] of global ``ids`` assembled from their owners (a collective).
 
         Each (row, column) comes from the one shard holding it (replicated tables from rank
         0); a row-wise state value from the shard holding the row's first column.
@@ -307,7 +329,7 @@ class ReplicatedHotEmbedding(nn.Module):
         rows = torch.zeros(ids.numel(), width, device=ids.device)
         for held, inside, local in self._blocks_of(ids, include_replicas=dist.get_rank(self.group) == 0):
             b = held.block
-            rows[inside, b.col_start : b.col_end] = held.param.data[local]
+            rows[inside, b.col_start : b.col_end] = held.param.data[local].float()
             if b.col_start == 0:
                 for k, value in enumerate(self._row_state(optimizer, held.param).values()):
                     rows[inside, self.dim + k] = value[local]

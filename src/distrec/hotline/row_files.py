@@ -4,11 +4,13 @@ A table larger than RAM cannot be copied whole at every save: the live table, th
 checkpoint and the new one would need three times its size on disk. So a checkpoint's rows
 are two parts:
 
-- ``hotline-rows.npy``: float32 [num_rows, width], every row as it was when some save
-  wrote this file. Later checkpoints of the same run hard-link it (no bytes copied; the
-  file is never written again), so ``checkpoint/`` and ``best/`` share one copy.
+- ``hotline-rows.npy``: [num_rows, width], every row as it was when some save wrote this
+  file: float32, or int16 for half tables (``distrec.hotline.row_state.RowLayout``: 16-bit
+  weights, then each float32 of optimizer state in two elements). Later checkpoints of the
+  same run hard-link it (no bytes copied; the file is never written again), so
+  ``checkpoint/`` and ``best/`` share one copy.
 - ``hotline-rows-changed-ids.npy`` (int64 [n], ascending) and ``hotline-rows-changed.npy``
-  (float32 [n, width]): the rows that differ from the base, with their values at this
+  ([n, width], the base's dtype): the rows that differ from the base, with their values at this
   save. Absent when the base is this save's own full copy (and in older checkpoints).
 
 The rows of the checkpoint are the base with the changed rows put over it (``SavedRows``:
@@ -76,16 +78,16 @@ def link_base(base: Path, directory: Path) -> bool:
     return True
 
 
-def write_rows(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray]) -> None:
-    """Write a float32 ``.npy`` file of ``shape`` from consecutive row ``chunks`` (float32
+def write_rows(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray], dtype: np.dtype = np.dtype(np.float32)) -> None:
+    """Write a ``dtype`` ``.npy`` file of ``shape`` from consecutive row ``chunks`` (``dtype``
     [n, shape[1]] each, together ``shape[0]`` rows), streamed through ``write`` calls: the
     file's pages go through the page cache without being mapped into this process (a map
     would count every written page in its resident memory), then synced."""
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": shape})
+        np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape})
         written = 0
         for rows in chunks:
-            f.write(np.ascontiguousarray(rows, dtype=np.float32).data)
+            f.write(np.ascontiguousarray(rows, dtype=dtype).data)
             written += rows.shape[0]
         f.flush()
         os.fsync(f.fileno())  # on disk before the checkpoint that names it is complete
@@ -117,39 +119,49 @@ def map_npy(path: Path) -> np.memmap:
 class SavedRows:
     """The rows a checkpoint directory holds, read a range at a time or mapped whole (memory stays bounded).
 
+    Args:
+        directory: the checkpoint directory.
+        dtype: the rows' elements, float32 or int16 (``RowLayout.numpy_unit``): files of
+            another dtype are refused (rows of a run with another table dtype).
+
     Attributes:
-        base: the base file, memory-mapped read-only, float32 [num_rows, width].
+        base: the base file, memory-mapped read-only, [num_rows, width] of ``dtype``.
         changed_ids: int64 [n], ascending: the rows that differ from the base.
-        changed: float32 [n, width], memory-mapped: their values.
+        changed: [n, width] of ``dtype``, memory-mapped: their values.
     """
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, dtype: np.dtype = np.dtype(np.float32)) -> None:
         directory = Path(directory)
         self.base_path = directory / BASE_FILE
         damaged = f"the embedding rows in {str(directory)!r} are damaged; resume from another checkpoint"
         try:
             self.base = map_npy(self.base_path)
-            if self.base.ndim != 2 or self.base.dtype != np.float32:
+            if self.base.ndim != 2:
                 raise DistrecError(damaged)
+            if self.base.dtype != dtype:
+                raise DistrecError(
+                    f"the embedding rows in {str(directory)!r} are stored as {self.base.dtype}, not as the {np.dtype(dtype)} of this model's table dtype; "
+                    "load them into a model with the table dtype of the run that saved them"
+                )
             if (directory / CHANGED_IDS_FILE).is_file():
                 self.changed_ids = np.load(directory / CHANGED_IDS_FILE)
                 self.changed = map_npy(directory / CHANGED_FILE)
             else:
                 self.changed_ids = np.empty(0, np.int64)
-                self.changed = np.empty((0, self.base.shape[1]), np.float32)
+                self.changed = np.empty((0, self.base.shape[1]), dtype)
         except (OSError, ValueError) as e:
             raise DistrecError(f"cannot read the embedding rows in {str(directory)!r} ({e}); pass a checkpoint directory of a --hotline run") from None
-        if self.changed.shape != (self.changed_ids.size, self.base.shape[1]) or self.changed.dtype != np.float32:
+        if self.changed.shape != (self.changed_ids.size, self.base.shape[1]) or self.changed.dtype != dtype:
             raise DistrecError(damaged)
 
     @property
     def shape(self) -> tuple[int, int]:
-        """(rows, floats per row)."""
+        """(rows, elements per row)."""
         return self.base.shape
 
     def rows(self, start: int, end: int, width: int | None = None) -> np.ndarray:
-        """Rows ``[start, end)``, float32 [end - start, width] (default: every float): the
-        base with the changed rows put over it."""
+        """Rows ``[start, end)``, [end - start, width] (default: every element): the base with
+        the changed rows put over it."""
         width = self.base.shape[1] if width is None else width
         rows = np.array(self.base[start:end, :width])
         lo, hi = np.searchsorted(self.changed_ids, [start, end])
@@ -157,7 +169,7 @@ class SavedRows:
         return rows
 
     def mapped(self, width: int | None = None) -> np.ndarray:
-        """Every row, float32 [num_rows, width] (default: every float), without reading the
+        """Every row, [num_rows, width] (default: every element), without reading the
         table into memory: a copy-on-write map of the base with the changed rows written over
         it. Pages are read from disk as lookups touch them (the page cache, reclaimable);
         only the pages holding changed rows are copied into private memory (one or two 4 KiB
@@ -170,6 +182,6 @@ class SavedRows:
         except OSError as e:
             raise DistrecError(f"cannot map the embedding rows in {str(self.base_path)!r} ({e}); free memory or address space and retry") from None
         private.madvise(mmap.MADV_RANDOM)  # a lookup faults in its row's page, not the disk's read-ahead window (MBs)
-        rows = np.ndarray(self.base.shape, np.float32, buffer=private, offset=self.base.offset)
+        rows = np.ndarray(self.base.shape, self.base.dtype, buffer=private, offset=self.base.offset)
         rows[self.changed_ids] = self.changed
         return rows[:, :width]

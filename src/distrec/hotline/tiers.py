@@ -16,8 +16,11 @@ updates need no coherence copies and moving rows between tiers loses none.
 A gather from the disk tier first starts the reads of every page its rows touch, together
 (``readahead.py``), instead of faulting them in one at a time.
 
-A stored row is ``width`` float32: the ``dim`` embedding weights first, then the
-optimizer's per-row state, so both move between tiers together.
+A stored row is ``width`` elements of the store's ``dtype``: the ``dim`` embedding weights
+first, then the optimizer's per-row state, so both move between tiers together
+(``distrec.hotline.row_state.RowLayout``: float32 elements for a float32 table, 16-bit ones
+for a half table, whose disk tier and fast tier then take about half the bytes). The store
+only moves rows; what they hold is its caller's.
 
 Checkpoints (``save``/``load``) use ``row_files``' layout: the store remembers which base
 file its rows were last saved to or loaded from and which rows it has written since, so a
@@ -49,9 +52,9 @@ FLOAT_BYTES = 4
 CHUNK_BYTES = 64 << 20  # rows are initialised, saved and loaded in chunks of about this many bytes
 SLOW_TIERS = ("auto", "disk", "host")
 
-RowInit = Callable[[int, int], torch.Tensor]  # (start, end) -> float32 [end - start, width]
-# (rows [n, width], grad: sparse COO [n, dim], entries may repeat) -> None: updates in place
-# the rows that have entries, weights and optimizer state
+RowInit = Callable[[int, int], torch.Tensor]  # (start, end) -> stored rows [end - start, width] of the store's dtype
+# (rows [n, width], grad: sparse COO float32 [n, dim], entries may repeat) -> None: updates in
+# place the rows that have entries, weights and optimizer state
 RowUpdate = Callable[[torch.Tensor, torch.Tensor], None]
 NOT_HOT = -1  # the slot map's entry of a row in the slow tier
 
@@ -84,8 +87,8 @@ class BackingFile:
         os.close(self.fd)
 
 
-def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
-    """A float32 [num_rows, width] memory map of a new, fully allocated, already unlinked file.
+def map_scratch_file(directory: Path, num_rows: int, width: int, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """A ``dtype`` [num_rows, width] memory map of a new, fully allocated, already unlinked file.
 
     The file is allocated up front (so writing pages later cannot fail for lack of disk
     space) and removed from the directory as soon as it is mapped: the mapping keeps its
@@ -94,7 +97,7 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
     the kernel's readahead window around it (up to 32 pages), which under a small page
     cache mostly evicts rows still needed (benchmarks/results/2026-11-23-hotline-page-cache.md).
     """
-    nbytes = num_rows * width * FLOAT_BYTES
+    nbytes = num_rows * width * dtype.itemsize
     directory.mkdir(parents=True, exist_ok=True)
 
     def no_room(why: str) -> DistrecError:
@@ -111,43 +114,43 @@ def map_scratch_file(directory: Path, num_rows: int, width: int) -> np.ndarray:
             os.posix_fallocate(fd, 0, nbytes)
         except OSError as e:
             raise no_room(e.strerror) from None
-        return _map_rows(fd, num_rows, width)
+        return _map_rows(fd, num_rows, width, dtype)
     finally:
         os.close(fd)
         Path(name).unlink(missing_ok=True)
 
 
-def map_table_file(path: str | Path, num_rows: int, width: int) -> tuple[np.ndarray, BackingFile]:
-    """A float32 [num_rows, width] memory map of the existing file ``path``, read and written
+def map_table_file(path: str | Path, num_rows: int, width: int, dtype: np.dtype = np.dtype(np.float32)) -> tuple[np.ndarray, BackingFile]:
+    """A ``dtype`` [num_rows, width] memory map of the existing file ``path``, read and written
     in place (shared: the file holds every write), advised ``MADV_RANDOM`` as a scratch file;
     and the file (open).
 
-    The file holds exactly the rows, row-major float32 with no header (row ``i`` at byte
-    ``i * width * 4``), e.g. written chunk by chunk with ``ndarray.tofile``.
+    The file holds exactly the rows, row-major ``dtype`` with no header (row ``i`` at byte
+    ``i * width * dtype.itemsize``), e.g. written chunk by chunk with ``ndarray.tofile``.
     """
-    nbytes = num_rows * width * FLOAT_BYTES
+    nbytes = num_rows * width * dtype.itemsize
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError as e:
-        raise DistrecError(f"cannot open the slow tier's file {str(path)!r} ({e.strerror}); give an existing writable file of float32 rows") from None
+        raise DistrecError(f"cannot open the slow tier's file {str(path)!r} ({e.strerror}); give an existing writable file of the stored rows") from None
     try:
         size = os.fstat(fd).st_size
         if size != nbytes:
             raise DistrecError(
-                f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width} float32; "
-                "write it for these tables and this embedding optimizer"
+                f"the slow tier's file {str(path)!r} has {size} bytes, not the {nbytes} of {num_rows} rows of {width} {dtype.name}; "
+                "write it for these tables, this embedding optimizer and this table dtype"
             )
-        return _map_rows(fd, num_rows, width), BackingFile(fd, Path(path), nbytes)
+        return _map_rows(fd, num_rows, width, dtype), BackingFile(fd, Path(path), nbytes)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _map_rows(fd: int, num_rows: int, width: int) -> np.ndarray:
-    """A shared float32 [num_rows, width] map of the open file ``fd``, advised MADV_RANDOM."""
-    mapping = mmap.mmap(fd, num_rows * width * FLOAT_BYTES)
+def _map_rows(fd: int, num_rows: int, width: int, dtype: np.dtype) -> np.ndarray:
+    """A shared ``dtype`` [num_rows, width] map of the open file ``fd``, advised MADV_RANDOM."""
+    mapping = mmap.mmap(fd, num_rows * width * dtype.itemsize)
     mapping.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(mapping, dtype=np.float32).reshape(num_rows, width)
+    return np.frombuffer(mapping, dtype=dtype).reshape(num_rows, width)
 
 
 class TwoTierStore:
@@ -155,7 +158,7 @@ class TwoTierStore:
 
     Args:
         num_rows: rows of all tables.
-        width: float32 per stored row (embedding dim plus optimizer state).
+        width: elements per stored row (embedding weights plus optimizer state, ``RowLayout.width``).
         device: the model's device; the fast tier lives there.
         init: fills rows ``[start, end)``; called in chunks of about ``CHUNK_BYTES`` when the
             slow tier is first used, never when ``load`` comes first (a resumed run).
@@ -169,6 +172,7 @@ class TwoTierStore:
         slow_file: an existing file of every row (``map_table_file``) used as the disk tier
             in place instead of a scratch file: its rows are the initial values (``init`` is
             not called), training writes into it, and it stays when the store is closed.
+        dtype: the stored rows' elements (``RowLayout.unit``): float32, or int16 for half tables.
 
     Example:
         >>> store = TwoTierStore(1000, 4, torch.device("cpu"), init=lambda s, e: torch.zeros(e - s, 4))
@@ -189,12 +193,15 @@ class TwoTierStore:
         progress: bool = False,
         readahead: bool = True,
         slow_file: str | Path | None = None,
+        dtype: torch.dtype = torch.float32,
     ):
         if slow not in SLOW_TIERS:
             raise DistrecError(f"slow tier {slow!r} is unknown; choose one of: {', '.join(SLOW_TIERS)}")
         self.device = torch.device(device)
         self.width = width
         self.num_rows = num_rows
+        self.dtype = dtype
+        self.numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         if slow == "auto":
             slow = "disk" if self.device.type == "cpu" or slow_file is not None else "host"
         if slow_file is not None and slow != "disk":
@@ -204,16 +211,16 @@ class TwoTierStore:
         self.readahead: RowReadahead | None = None  # the disk tier's; None: gathers fault page by page
         self._file: BackingFile | None = None  # the file of every row given as the disk tier
         if slow_file is not None:
-            rows, self._file = map_table_file(slow_file, num_rows, width)
+            rows, self._file = map_table_file(slow_file, num_rows, width, self.numpy_dtype)
             self._slow = torch.from_numpy(rows)
         elif self.slow_directory is not None:  # a scratch file, unlinked: no other program can cut it
-            self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width))
+            self._slow = torch.from_numpy(map_scratch_file(self.slow_directory, num_rows, width, self.numpy_dtype))
         else:
             self._slow = self._host_rows(num_rows, width)
         if self.slow_directory is not None and readahead:
             self.readahead = RowReadahead(self._slow)
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.fast = torch.empty((0, width), device=self.device)
+        self.fast = torch.empty((0, width), dtype=dtype, device=self.device)
         self._slot_of = torch.full((num_rows,), NOT_HOT, dtype=torch.int32)
         self._base: FileIdentity | None = None  # the rows file this store last saved in full or loaded
         self._changed = torch.zeros(num_rows, dtype=torch.bool)  # slow-tier rows written since that file
@@ -222,12 +229,12 @@ class TwoTierStore:
         self._init_lock = threading.Lock()  # the prefetch worker may be the first user
         # on CUDA, gathered cold rows travel to the device on their own stream, through one pinned buffer
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._staging = torch.empty(0, pin_memory=self._copy_stream is not None)
+        self._staging = torch.empty(0, dtype=dtype, pin_memory=self._copy_stream is not None)
         self._staging_free: torch.cuda.Event | None = None  # recorded after the copy out of ``_staging``
 
     @property
     def slow(self) -> torch.Tensor:
-        """The slow tier, float32 [num_rows, width] (row i = global row i; hot rows' copies
+        """The slow tier, [num_rows, width] of ``dtype`` (row i = global row i; hot rows' copies
         stale), initialised on first use; a disk tier's file is checked to be whole first
         (``BackingFile``: every gather, write-back, save and load goes through here)."""
         if self._file is not None:
@@ -247,12 +254,12 @@ class TwoTierStore:
     @property
     def fast_bytes(self) -> int:
         """Bytes of the fast tier: hot rows and their ids."""
-        return self.fast.numel() * FLOAT_BYTES + self.hot_ids.numel() * self.hot_ids.element_size()
+        return self.fast.numel() * self.fast.element_size() + self.hot_ids.numel() * self.hot_ids.element_size()
 
     @property
     def slow_bytes(self) -> int:
         """Bytes of the slow tier: a slot for every row (hot rows' slots are stale)."""
-        return self._slow.numel() * FLOAT_BYTES
+        return self._slow.numel() * self._slow.element_size()
 
     def slots(self, ids: torch.Tensor) -> torch.Tensor:
         """Fast-tier slot of each of the global rows ``ids``, -1 for rows in the slow tier:
@@ -263,12 +270,8 @@ class TwoTierStore:
         found, pos = find_sorted(self.hot_ids, ids)
         return torch.where(found, pos, -1)
 
-    def fast_weights(self, dim: int) -> torch.Tensor:
-        """The embedding weights of the hot rows, a [H, dim] view of the fast tier (row j = slot j)."""
-        return self.fast[:, :dim]
-
     def gather(self, ids: torch.Tensor, width: int | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device,
+        """The first ``width`` elements (default: all) of rows ``ids``, on the store's device,
         ready for the current stream (see ``gather_staged``)."""
         rows, ready = self.gather_staged(ids, width, slots)
         if ready is not None:
@@ -278,7 +281,7 @@ class TwoTierStore:
         return rows
 
     def gather_staged(self, ids: torch.Tensor, width: int | None = None, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The first ``width`` floats (default: all) of rows ``ids``, on the store's device,
+        """The first ``width`` elements (default: all) of rows ``ids``, on the store's device,
         and on CUDA the event after which they are there (None elsewhere): the slow tier's
         rows are copied on the store's own stream, through a reused pinned buffer, so a
         stream that reads them waits for the event first (the host does not).
@@ -292,14 +295,14 @@ class TwoTierStore:
         hot = slots >= 0
         cold = ~hot
         if self._copy_stream is None:
-            out = torch.empty((ids.numel(), width), device=self.device)
+            out = torch.empty((ids.numel(), width), dtype=self.dtype, device=self.device)
             out[hot] = self.fast[slots[hot], :width]
             out[cold] = self._read_slow(ids[cold], width)
             return out, None
         cold_ids = ids[cold]
         staged = self._read_slow(cold_ids, width, out=self._staging_rows(cold_ids.numel(), width))
         with torch.cuda.stream(self._copy_stream):
-            out = torch.empty((ids.numel(), width), device=self.device)
+            out = torch.empty((ids.numel(), width), dtype=self.dtype, device=self.device)
             out[hot] = self.fast[slots[hot], :width]
             out[cold] = staged.to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
@@ -308,21 +311,22 @@ class TwoTierStore:
         return out, ready
 
     def _staging_rows(self, num_rows: int, width: int) -> torch.Tensor:
-        """Pinned float32 [num_rows, width] for cold rows on their way to the device: one buffer,
+        """Pinned [num_rows, width] of ``dtype`` for cold rows on their way to the device: one buffer,
         grown when needed, reused once the copy out of it is done (the worker thread waits)."""
         if self._staging_free is not None:
             self._staging_free.synchronize()
         if self._staging.numel() < num_rows * width:
-            self._staging = torch.empty(max(num_rows * width, 2 * self._staging.numel()), pin_memory=True)
+            self._staging = torch.empty(max(num_rows * width, 2 * self._staging.numel()), dtype=self.dtype, pin_memory=True)
         return self._staging[: num_rows * width].view(num_rows, width)
 
     def update(self, slots: torch.Tensor, slot_grads: torch.Tensor, cold_ids: torch.Tensor, cold_grads: torch.Tensor, rule: RowUpdate) -> None:
         """Apply ``rule`` once to every row with gradient entries, in the tier holding it.
 
         Entries may repeat a row (the rule sums them): hot rows by fast-tier slot (``slots``
-        int64 [n], ``slot_grads`` [n, dim]), updated in place in the fast tier; cold rows by
-        global id (``cold_ids`` int64 [m], ``cold_grads`` [m, dim]), gathered from the slow
-        tier on the host, updated, and written back.
+        int64 [n], ``slot_grads`` float32 [n, dim]), updated in place in the fast tier (``rule``
+        gets the fast tier itself); cold rows by global id (``cold_ids`` int64 [m],
+        ``cold_grads`` float32 [m, dim]), gathered from the slow tier on the host, updated, and
+        written back.
         """
         dim = slot_grads.shape[1]
         if slots.numel():
@@ -349,7 +353,7 @@ class TwoTierStore:
         self._changed[old[leaving]] = True
         old_slot = self._slot_of[new].long()
         was_hot = old_slot >= 0
-        fast = empty_table(new.numel(), self.width, self.device)
+        fast = empty_table(new.numel(), self.width, self.device, self.dtype)
         fast[was_hot.to(self.device)] = self.fast[old_slot[was_hot].to(self.device)]
         entering = ~was_hot
         fast[entering.to(self.device)] = self._read_slow(new[entering], self.width).to(self.device, non_blocking=True)
@@ -375,14 +379,14 @@ class TwoTierStore:
                 return
         path = directory / BASE_FILE
         with atomic_path(path) as tmp:
-            write_rows(tmp, (self.num_rows, self.width), self._current_rows(None, "saving rows", progress))
+            write_rows(tmp, (self.num_rows, self.width), self._current_rows(None, "saving rows", progress), self.numpy_dtype)
         self._base = FileIdentity.of(path)
         self._changed.zero_()
 
     def _write_changed(self, directory: Path, ids: torch.Tensor, progress: bool) -> None:
         """Write rows ``ids`` (int64 ascending) and their current values as the changed rows."""
         np.save(directory / CHANGED_IDS_FILE, ids.numpy())
-        write_rows(directory / CHANGED_FILE, (ids.numel(), self.width), self._current_rows(ids, "saving changed rows", progress))
+        write_rows(directory / CHANGED_FILE, (ids.numel(), self.width), self._current_rows(ids, "saving changed rows", progress), self.numpy_dtype)
 
     def _current_rows(self, ids: torch.Tensor | None, desc: str, progress: bool) -> Iterator[np.ndarray]:
         """The current values of rows ``ids`` (int64 ascending; None: every row), chunk by
@@ -403,11 +407,11 @@ class TwoTierStore:
 
     def load(self, directory: str | Path, progress: bool = False) -> None:
         """Replace every stored row by those a checkpoint directory holds (``save``; same
-        shape); its base file becomes this store's base."""
-        saved = SavedRows(directory)
+        shape and dtype); its base file becomes this store's base."""
+        saved = SavedRows(directory, self.numpy_dtype)
         if saved.shape != (self.num_rows, self.width):
             raise DistrecError(
-                f"embedding rows in {str(directory)!r} are float32 {saved.shape}, expected {(self.num_rows, self.width)}; "
+                f"embedding rows in {str(directory)!r} are {saved.shape}, expected {(self.num_rows, self.width)}; "
                 "load them into a model with the same tables and optimizer"
             )
         self._init = None  # every row is replaced: no initial values to make
@@ -426,7 +430,7 @@ class TwoTierStore:
 
     def _chunks(self, total: int, desc: str, progress: bool) -> Iterator[tuple[int, int]]:
         """Ranges of about CHUNK_BYTES of rows covering ``total`` rows, with a progress bar."""
-        chunk = max(1, CHUNK_BYTES // (self.width * FLOAT_BYTES))
+        chunk = max(1, CHUNK_BYTES // (self.width * self.numpy_dtype.itemsize))
         with tqdm(total=total, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar:
             for start in range(0, total, chunk):
                 end = min(start + chunk, total)
@@ -434,7 +438,7 @@ class TwoTierStore:
                 bar.update(end - start)
 
     def _read_slow(self, ids: torch.Tensor, width: int, ahead: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The first ``width`` floats of slow-tier rows ``ids``, in ``out`` (default: new
+        """The first ``width`` elements of slow-tier rows ``ids``, in ``out`` (default: new
         ``_host_rows``; they may become the fast tier). With ``ahead``, the disk tier's reads
         of all the rows are started together first."""
         ids = ids if ids.device.type == "cpu" else ids.cpu()  # the slow tier is in host memory
@@ -443,15 +447,17 @@ class TwoTierStore:
         return torch.index_select(self.slow[:, :width], 0, ids, out=self._host_rows(ids.numel(), width) if out is None else out)
 
     def _host_rows(self, num_rows: int, width: int) -> torch.Tensor:
-        """Uninitialised float32 [num_rows, width] in host memory: pinned when the fast tier is
-        on CUDA (copies to it can run asynchronously), else on huge pages (``empty_table``)."""
-        return torch.empty((num_rows, width), pin_memory=True) if self.device.type == "cuda" else empty_table(num_rows, width)
+        """Uninitialised [num_rows, width] of ``dtype`` in host memory: pinned when the fast tier
+        is on CUDA (copies to it can run asynchronously), else on huge pages (``empty_table``)."""
+        if self.device.type == "cuda":
+            return torch.empty((num_rows, width), dtype=self.dtype, pin_memory=True)
+        return empty_table(num_rows, width, dtype=self.dtype)
 
     def close(self) -> None:
         """Release both tiers (the disk tier's file is already unlinked; its blocks are freed)."""
         self.fast = self.fast.new_empty((0, self.width))
         self.hot_ids = self.hot_ids.new_empty(0)
-        self._slow = torch.empty((0, self.width))
+        self._slow = torch.empty((0, self.width), dtype=self.dtype)
         self._init = None
         self._slot_of = torch.empty(0, dtype=torch.int32)
         self._changed = torch.empty(0, dtype=torch.bool)

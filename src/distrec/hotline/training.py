@@ -41,6 +41,7 @@ from distrec.hotline.optim import TieredRowOptimizer
 from distrec.hotline.pipeline import HotlinePipeline
 from distrec.hotline.placement import ThreadPlacement
 from distrec.hotline.row_files import BASE_FILE, SavedRows
+from distrec.hotline.row_state import RowLayout
 from distrec.io import atomic_path
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.tables import TableConfig
@@ -57,12 +58,15 @@ def load_into_model(model: nn.Module, directory: str | Path, state: dict[str, An
     Hotline checkpoint: ``state`` is ``HotlineTraining.state_dict()``, ``directory`` holds the
     files of ``save``, ``tables`` are the run's. The model's embeddings become an
     EmbeddingBagCollection of ``tables`` over the saved rows memory-mapped
-    (``SavedRows.mapped``), so tables larger than RAM evaluate without being read whole."""
+    (``SavedRows.mapped``), so tables larger than RAM evaluate without being read whole; their
+    weights keep the dtype they were stored in (the model's table dtype)."""
     if not (Path(directory) / BASE_FILE).is_file():
         raise DistrecError(f"{str(directory)!r} has no {BASE_FILE}; pass a checkpoint of a run trained with --hotline")
     model.load_state_dict(state["model"], strict=False)
-    rows = SavedRows(directory).mapped(model.embeddings.dim)  # the collection checks that they fit ``tables``
-    model.embeddings = EmbeddingBagCollection(tables, model.embeddings.weight.device, weight=torch.from_numpy(rows))
+    weight = model.embeddings.weight
+    layout = RowLayout(model.embeddings.dim, 0, weight.dtype)  # the weights lead every stored row, whatever the state
+    rows = SavedRows(directory, layout.numpy_unit).mapped(layout.dim)  # the collection checks that they fit ``tables``
+    model.embeddings = EmbeddingBagCollection(tables, weight.device, weight=layout.weights(torch.from_numpy(rows)))
 
 
 def read_hot_ids(path: Path, total_rows: int) -> np.ndarray:
@@ -136,7 +140,7 @@ class HotlineTraining:
             self.embeddings = HotlineEmbeddingBagCollection.from_embedding_bags(model.embeddings, **tier_kwargs)
         else:
             init = stacked_rows_init(model.embeddings.initializer.for_tables(tables))  # where the ordinary model starts
-            self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=init, **tier_kwargs)
+            self.embeddings = HotlineEmbeddingBagCollection(tables, device, init=init, dtype=model.embeddings.weight.dtype, **tier_kwargs)
         model.embeddings = self.embeddings
         try:
             self.optimizers = [*optimization.optimizers(model), TieredRowOptimizer(self.embeddings, lr=optimization.embedding_lr)]
