@@ -11,9 +11,10 @@ Every measurement is ``distrec train`` in a fresh process, the dtypes in turns:
 - ``speed``: samples/s in the steady state (the batch over the breakdown's mean step time,
   warm-up steps skipped) at pooling factors 1 and 20 (26 tables of ``--speed-table-rows`` x 64,
   the run's default optimizers: Adam for the dense layers, row-wise Adagrad for the rows), in
-  ``--rounds`` rounds, the systems in a rotating order; the median per system and its ratio
-  to fp32. Beside the dtypes, fp32 on the torch operators (``DISTREC_KERNELS=torch``, the path
-  half tables take) separates the cost of leaving the compiled kernels from that of half rows;
+  ``--rounds`` rounds, the systems in a rotating order; the median per system, its ratio
+  to fp32's, and the median of the ratios within a round (steadier on a shared machine).
+  Beside the dtypes, fp32 on the torch operators (``DISTREC_KERNELS=torch``, the path half
+  tables take) separates the cost of leaving the compiled kernels from that of half rows;
 - ``quality``: holdout AUC and logloss on the Criteo sample and MovieLens with the tuned
   configs (``configs/criteo-sample.yaml``; ``configs/movielens.yaml`` for
   ``--movielens-epochs`` epochs), one round per seed; per dtype the mean, and the paired
@@ -26,7 +27,7 @@ Every measurement is ``distrec train`` in a fresh process, the dtypes in turns:
 Prints a table per part; the last line is the harness's result record (one system per part,
 dtype and setting) with every figure. Writes OUT/half_tables.json and (with a part besides the profile) OUT/half_tables.png.
 
-    python benchmarks/half_tables.py                   # about 35 minutes on 2 shared cores
+    python benchmarks/half_tables.py                   # about 15 minutes on 2 shared cores
     python benchmarks/half_tables.py --quick           # fp32 and fp16, tiny sizes, one seed
     python benchmarks/half_tables.py --parts quality --datasets criteo --seeds 0 1
 """
@@ -178,8 +179,12 @@ def measure_speed(args: argparse.Namespace) -> dict:
             speeds = harness.Samples([r["samples_per_s"] for r in rounds])
             middle = sorted(rounds, key=lambda r: r["step_ms"])[(len(rounds) - 1) // 2]
             per_system[name] = {"samples_per_s": speeds.summary(0), "median_round_breakdown_ms": middle["breakdown_ms"]}
+        fp32 = per_system["fp32"]["samples_per_s"]
         for figures in per_system.values():
-            figures["ratio_to_fp32"] = round(figures["samples_per_s"]["median"] / per_system["fp32"]["samples_per_s"]["median"], 3)
+            figures["ratio_to_fp32"] = round(figures["samples_per_s"]["median"] / fp32["median"], 3)
+            # each round's ratio pairs runs made minutes apart, under much the same load
+            figures["round_ratios_to_fp32"] = [round(v / b, 3) for v, b in zip(figures["samples_per_s"]["values"], fp32["values"], strict=True)]
+            figures["median_round_ratio_to_fp32"] = statistics.median(figures["round_ratios_to_fp32"])
         result[f"pooling_{pf}"] = per_system
     return result
 
@@ -314,11 +319,11 @@ def print_tables(results: dict, args: argparse.Namespace) -> None:
                     f"{mib(m['baseline_peak_rss_bytes_per_rank']):>15,.0f} {mib(m['table_rss_bytes_per_rank']):>11,.0f} {m['table_rss_ratio_to_fp32']:>13.3f}"
                 )
     if "speed" in results:
-        print(f"\n{'speed':<12} {'system':<22} {'samples/s':>10} {'p90/p10':>8} {'ratio to fp32':>13}")
+        print(f"\n{'speed':<12} {'system':<22} {'samples/s':>10} {'p90/p10':>8} {'ratio to fp32':>13} {'median of round ratios':>22}")
         for pf in args.pooling_factors:
             for name, s in results["speed"][f"pooling_{pf}"].items():
                 print(
-                    f"pooling {pf:<4} {name:<22} {s['samples_per_s']['median']:>10,.0f} {s['samples_per_s']['p90_over_p10']:>8.2f} {s['ratio_to_fp32']:>13.3f}"
+                    f"pooling {pf:<4} {name:<22} {s['samples_per_s']['median']:>10,.0f} {s['samples_per_s']['p90_over_p10']:>8.2f} {s['ratio_to_fp32']:>13.3f} {s['median_round_ratio_to_fp32']:>22.3f}"
                 )
     if "quality" in results:
         print(f"\n{'quality':<10} {'dtype':<6} {'AUC mean':>9} {'AUC - fp32 (paired)':>22} {'max |diff|':>10} {'logloss - fp32':>15}")

@@ -73,6 +73,7 @@ def test_the_quick_form_measures_memory_speed_and_quality(tmp_path):
         assert figures["samples_per_s"]["median"] > 0 and len(figures["samples_per_s"]["values"]) == 1
         assert {"lookup", "backward"} <= set(figures["median_round_breakdown_ms"])
     assert speed["fp16"]["ratio_to_fp32"] == pytest.approx(speed["fp16"]["samples_per_s"]["median"] / speed["fp32"]["samples_per_s"]["median"], abs=1e-3)
+    assert speed["fp32"]["round_ratios_to_fp32"] == [1.0] and speed["fp16"]["median_round_ratio_to_fp32"] == speed["fp16"]["ratio_to_fp32"]  # one round
 
     criteo = record["quality"]["criteo"]
     assert criteo["fp32"]["steps"] == criteo["fp16"]["steps"] == 20
