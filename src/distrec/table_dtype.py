@@ -67,21 +67,30 @@ def rounding_generator(key: Sequence[int], counter: int, device: torch.device) -
     return torch.Generator(device=device).manual_seed(int(seed))
 
 
+DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
+"""The low bits of a float32's mantissa that each half dtype has no room for (23 - 10, 23 - 7)."""
+
+
 def round_stochastically(values: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
     """``values`` (float32, any shape) in ``dtype``, each rounded to one of its two neighbours in
     ``dtype`` with probabilities that make the expected result ``values`` (unbiased rounding).
 
+    In the bits: a uniform random integer below 2^k is added to the float32's bits, whose low
+    k bits (those ``dtype`` drops) are then cleared. The magnitude moves up to the next number
+    of ``dtype`` exactly when the noise carries into the kept bits, with the probability of the
+    dropped bits' share of the gap, and the sign stays. fp16 values below 2^-14 in magnitude
+    (its subnormals) are rounded to the nearest after that: their spacing, 2^-24, is coarser
+    than 13 dropped bits.
+
     Example:
         >>> g = torch.Generator().manual_seed(0)
-        >>> round_stochastically(torch.full((100_000,), 1 + 2**-13), torch.float16, g).float().mean()
-        tensor(1.0001)                       # round-to-nearest gives 1.0 every time
+        >>> round_stochastically(torch.full((100_000,), 1 + 2**-12), torch.float16, g).float().mean()
+        tensor(1.0002)                       # round-to-nearest gives 1.0 every time
     """
-    near = values.to(dtype)
-    error = values - near.float()
-    away = torch.nextafter(near, torch.where(error > 0, torch.inf, -torch.inf).to(dtype))
-    gap = (away.float() - near.float()).abs_()
-    noise = torch.rand(values.shape, generator=generator, device=values.device, dtype=torch.float32)
-    return torch.where(noise.mul_(gap) < error.abs_(), away, near)
+    dropped = DROPPED_BITS[dtype]
+    noise = torch.randint(0, 1 << dropped, values.shape, generator=generator, device=values.device, dtype=torch.int32)
+    bits = values.contiguous().view(torch.int32).add(noise).bitwise_and_(-(1 << dropped))
+    return bits.view(torch.float32).to(dtype)
 
 
 @torch.no_grad()
