@@ -79,8 +79,9 @@ def side_by_side(batch_size: int, steps: int, relearn_every: int, tmp_path: Path
             out["left"] += len(hot_ids - now)
             hot_ids = now
         rows = hotline.embeddings.store.gather(torch.arange(hotline.embeddings.space.total_rows))
-        out["hot_weights"] = rows[:, :8]
-        out["hot_sums"] = state_views(rows, "adagrad", 8)["sum"]
+        layout = hotline.embeddings.layout
+        out["hot_weights"] = layout.weights(rows)
+        out["hot_sums"] = state_views(layout.state(rows), "adagrad", 8)["sum"]
         out["hot_dense"] = [p.detach().clone() for p in hotline.model.dense_parameters()]
         out["hot_adam"] = copy.deepcopy(hotline.optimizers[0].state_dict()["state"])
         out["relearns"] = hotline.stats()["relearns"]
