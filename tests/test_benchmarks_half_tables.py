@@ -60,9 +60,10 @@ def test_the_quick_form_measures_memory_speed_and_quality(tmp_path):
     for dtype in ("fp32", "fp16"):
         big, small = memory[dtype]["peak_rss_bytes_per_rank"], memory[dtype]["baseline_peak_rss_bytes_per_rank"]
         assert memory[dtype]["table_rss_bytes_per_rank"] == [big[0] - small[0]]
-    # 133 MB of float32 rows against 67 MB of half ones, over ~600 MB of everything else
-    assert memory["fp32"]["table_rss_bytes_per_rank"][0] > 0.8 * memory["fp32"]["table_bytes_per_rank"]
-    assert 0.3 < memory["fp16"]["table_rss_ratio_to_fp32"] < 0.8
+    # 133 MB of float32 rows against 67 MB of half ones, over ~600 MB of everything else, whose
+    # own RSS moves by tens of MB between runs: loose bounds that still tell halved rows from not
+    assert memory["fp32"]["table_rss_bytes_per_rank"][0] > 0.5 * memory["fp32"]["table_bytes_per_rank"]
+    assert 0.2 < memory["fp16"]["table_rss_ratio_to_fp32"] < 0.85
     for dtype in ("fp32", "fp16"):  # the runs really stored their rows in the dtype they are filed under
         assert f"table_dtype: {dtype}" in (tmp_path / "memory" / f"1p-20000-{dtype}" / "config.yaml").read_text()
         assert f"table_dtype: {dtype}" in (tmp_path / "speed" / f"pf20-{dtype}-round0" / "config.yaml").read_text()

@@ -13,6 +13,7 @@ import torch
 from distrec.components.checkpoint import load_state
 from distrec.components.optim import RowWiseAdagrad, SparseSGD
 from distrec.data import prepare
+from distrec.data.batch import Batch
 from distrec.models.embedding import EmbeddingBagCollection
 from distrec.table_dtype import add_to_rows, round_stochastically, rounding_generator
 from distrec.tables import TableConfig
@@ -60,8 +61,6 @@ def test_half_tables_pool_into_float32_and_get_float32_gradients_and_state(dtype
     tables = [TableConfig("a", 50, 8), TableConfig("b", 30, 8)]
     half, full = EmbeddingBagCollection(tables, dtype=dtype), EmbeddingBagCollection(tables)
     full.weight.data.copy_(half.weight.data.float())
-    from distrec.data.batch import Batch
-
     values = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
     batch = Batch(torch.zeros(3, 0), values, torch.tensor([0, 2, 4, 6, 8, 10, 12]), torch.zeros(3))
     pooled, expected = half(batch), full(batch)
