@@ -51,13 +51,18 @@ def compute_dtype(table: torch.Tensor) -> torch.dtype:
     return torch.float32 if is_half(table) else table.dtype
 
 
+def with_float32_gradients(table: torch.Tensor) -> torch.Tensor:
+    """``table`` itself, set to take float32 gradients if it is half (``grad_dtype``): a half
+    table's gradient would otherwise be rounded to half, and small ones flushed to 0."""
+    if is_half(table):
+        table.grad_dtype = torch.float32
+    return table
+
+
 def table_parameter(rows: torch.Tensor) -> nn.Parameter:
     """``rows`` [num_rows, D] as a parameter whose gradients are float32 whatever its dtype
-    (a half table's gradient would otherwise be rounded to half, and small ones flushed to 0)."""
-    param = nn.Parameter(rows)
-    if rows.dtype != torch.float32:
-        param.grad_dtype = torch.float32
-    return param
+    (``with_float32_gradients``)."""
+    return with_float32_gradients(nn.Parameter(rows))
 
 
 def rounding_generator(key: Sequence[int], counter: int, device: torch.device) -> torch.Generator:

@@ -35,6 +35,16 @@ ROWS_PER_BLOCK = 1024
 DISTINCT_ROWS_PER_BLOCK = 65_536
 
 
+ROUNDING_STEPS = "rounding_steps"
+"""The parameter-group entry counting the steps that wrote half-precision rows: the counter of
+their rounding's random streams, saved with the group's hyperparameters."""
+
+
+def count_rounding_step(group: dict) -> None:
+    """Count one more step that wrote half-precision rows in ``group``."""
+    group[ROUNDING_STEPS] = group.get(ROUNDING_STEPS, 0) + 1
+
+
 def gradient_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries of a sparse row gradient: rows int64 [nnz] and values [nnz, D], repeats kept."""
     if not grad.is_sparse:
@@ -164,7 +174,7 @@ class SparseRowOptimizer(Optimizer):
                 self.update(p, grad, group, self.state[p])
                 rounded |= is_half(p)
             if rounded:
-                group["rounding_steps"] = group.get("rounding_steps", 0) + 1
+                count_rounding_step(group)
         return loss
 
     def __setstate__(self, state: dict) -> None:
@@ -182,7 +192,7 @@ class SparseRowOptimizer(Optimizer):
         key = getattr(param, ROUNDING_KEY, None)
         if key is None:
             key = next(i for i, q in enumerate(group["params"]) if q is param)
-        add_to_rows(param, rows, delta, rounding_generator([key, block], group.get("rounding_steps", 0), param.device))
+        add_to_rows(param, rows, delta, rounding_generator([key, block], group.get(ROUNDING_STEPS, 0), param.device))
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
         """Apply one step to the rows of ``param`` that ``grad`` touches: the one-pass kernel
@@ -216,13 +226,12 @@ class SparseSGD(SparseRowOptimizer):
 
     def update_with_operators(self, param, grad, group, state):
         entries = gradient_rows(grad)
-        if is_half(param):
-            for block, (rows, values) in enumerate(row_blocks(*coalesced_rows(grad), DISTINCT_ROWS_PER_BLOCK)):
-                self.add_to_rows(param, rows, values * -group["lr"], group, block)
+        distinct = has_distinct_rows(grad)
         # index_add_ without alpha takes the vectorised path; with alpha it does not on CPU
-        elif has_distinct_rows(grad):  # scattered by all threads
-            for rows, values in row_blocks(*entries, DISTINCT_ROWS_PER_BLOCK):
-                add_to_distinct_rows(param, rows, values * -group["lr"])
+        if distinct or is_half(param):  # each row once: scattered by all threads, or rounded
+            rows_once = entries if distinct else sum_by_row(*entries, grad.shape[0])
+            for block, (rows, values) in enumerate(row_blocks(*rows_once, DISTINCT_ROWS_PER_BLOCK)):
+                self.add_to_rows(param, rows, values * -group["lr"], group, block)
         else:  # rows may repeat, so one thread adds them in order
             for rows, values in row_blocks(*entries):
                 param.index_add_(0, rows, values * -group["lr"])
@@ -312,11 +321,7 @@ class LazyAdam(SparseRowOptimizer):
             old = state["exp_avg_sq"].index_select(0, rows)
             exp_avg_sq = torch.lerp(old, g * g, 1 - beta2)
             state["exp_avg_sq"].index_add_(0, rows, old.neg_().add_(exp_avg_sq))
-            step_of_rows = exp_avg.div_(exp_avg_sq.sqrt_().add_(eps)).mul_(scale)
-            if is_half(param):
-                self.add_to_rows(param, rows, step_of_rows, group, block)
-            else:
-                param.index_add_(0, rows, step_of_rows)
+            self.add_to_rows(param, rows, exp_avg.div_(exp_avg_sq.sqrt_().add_(eps)).mul_(scale), group, block)
 
 
 def optimizer_of(optimizers: list[Optimizer], params: list[nn.Parameter]) -> Optimizer | None:

@@ -38,7 +38,7 @@ from distrec.hotline.rows import RowSpace
 from distrec.hotline.tiers import RowUpdate, TwoTierStore
 from distrec.models.embedding import Bags, EmbeddingBagCollection, pool_sum, sample_major
 from distrec.models.table_init import TableInit
-from distrec.table_dtype import is_half
+from distrec.table_dtype import with_float32_gradients
 from distrec.tables import TableConfig
 
 
@@ -215,8 +215,8 @@ class HotlineEmbeddingBagCollection(nn.Module):
             stream.wait_event(lookup.ready)
             lookup.rows.record_stream(stream)
         weights = lookup.rows.detach().requires_grad_(torch.is_grad_enabled())
-        if weights.requires_grad and is_half(weights):
-            weights.grad_dtype = torch.float32  # as a half table's parameter (``table_parameter``)
+        if weights.requires_grad:
+            with_float32_gradients(weights)  # as a half table's parameter
         pooled = pool_sum(weights, lookup.bags)
         if weights.requires_grad:
             self._pending.append((lookup, weights))

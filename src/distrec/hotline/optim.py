@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.optim import Optimizer
 
-from distrec.components.optim import SPARSE_OPTIMIZERS, evaluate_closure
+from distrec.components.optim import SPARSE_OPTIMIZERS, count_rounding_step, evaluate_closure
 from distrec.errors import DistrecError
 from distrec.hotline.row_state import STEP_KEY, state_views
 from distrec.table_dtype import ROUNDING_KEY
@@ -61,7 +61,7 @@ class TieredRowOptimizer(Optimizer):
         if self.embeddings.apply_gradients(lambda rows, grads: self._update(rows, grads, group, steps)):
             self.state[STEP_KEY] = steps + 1
             if self.embeddings.layout.dtype != torch.float32:  # rows were rounded
-                group["rounding_steps"] = group.get("rounding_steps", 0) + 1
+                count_rounding_step(group)
         return loss
 
     def _update(self, rows: torch.Tensor, grad: torch.Tensor, group: dict, steps: int) -> None:

@@ -31,7 +31,6 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 
@@ -41,9 +40,10 @@ from distrec.data.batch import Batch
 from distrec.hotline.hot_lookups import HotBags, find_hot_lookups, hot_bags, keep_indices
 from distrec.hotline.rows import RowSpace, find_sorted
 from distrec.kernels import compiled, runs_compiled
+from distrec.models.embedding import bag_sums
 from distrec.parallel.reshard import HeldBlock, held_blocks
 from distrec.parallel.sharded_embedding import ShardedEmbeddingBagCollection
-from distrec.table_dtype import ROUNDING_KEY, compute_dtype, is_half, table_parameter
+from distrec.table_dtype import ROUNDING_KEY, compute_dtype, table_parameter
 
 HOT_ROUNDING_KEY = 1 << 31
 """The hot table's rounding key (``ROUNDING_KEY``): the same on every rank, where its place among
@@ -57,8 +57,7 @@ class _HotPooling(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
         ctx.rows, ctx.bag_of, ctx.into = rows, bag_of, into
-        pooled = F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True)
-        return pooled.float() if is_half(weight) else pooled
+        return bag_sums(weight, rows, offsets)
 
     @staticmethod
     @torch.no_grad()

@@ -195,6 +195,14 @@ def _update_or_gradient(ctx, rows: torch.Tensor, bounds: torch.Tensor, picks: to
     return torch.sparse_coo_tensor(rows.unsqueeze(0), values, ctx.weight_shape, check_invariants=False, is_coalesced=True)
 
 
+def bag_sums(weight: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The sum of each bag's ``rows`` of ``weight`` [rows, D], bags cut at ``offsets``
+    [bags + 1] (last included): float32 [bags, D], also for a half-precision weight (each bag
+    summed in float32 by ``embedding_bag``, rounded once to the weight's dtype). No gradient."""
+    pooled = F.embedding_bag(rows, weight, offsets, mode="sum", include_last_offset=True)
+    return pooled.float() if is_half(weight) else pooled
+
+
 class _SumPooling(torch.autograd.Function):
     """Sum pooling of bags of weight rows whose backward yields a sparse COO gradient.
 
@@ -215,8 +223,7 @@ class _SumPooling(torch.autograd.Function):
         ctx.bags = bags
         ctx.weight_shape = weight.shape
         ctx.update = getattr(weight, ROW_UPDATE, None)
-        pooled = F.embedding_bag(bags.rows, weight, bags.offsets, mode="sum", include_last_offset=True)
-        return pooled.float() if is_half(weight) else pooled
+        return bag_sums(weight, bags.rows, bags.offsets)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
