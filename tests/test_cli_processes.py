@@ -41,6 +41,17 @@ def stderr_lines(stderr):
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+def stopped_with_one_line(proc, out, returncode, message):
+    """Wait for the training run ``proc`` into ``out``: it ends with ``returncode``, and after
+    its two start-up lines its stderr is the one line ``message(step)``, ``step`` being its
+    checkpoint's; returns that step."""
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == returncode
+    step = read_meta(find_checkpoint(out))["step"]
+    assert stderr_lines(stderr) == [CHOSEN_OPTIMIZERS, f"{ANNOUNCED_RUN}{out}", message(step)]
+    return step
+
+
 def test_reusing_out_is_refused_unless_overwrite(capsys, tmp_path):
     run = tmp_path / "run"
     assert main(["train", *TINY, "--max-steps", "2", "--out", str(run)]) == 0
@@ -143,15 +154,15 @@ def test_a_killed_worker_is_one_line_naming_it_and_how_to_continue(tmp_path):
     out = tmp_path / "run"
     launcher = start_training(out, "--nproc-per-node", 2)
     os.kill(workers_of(launcher.pid)[1], signal.SIGKILL)
-    _, stderr = launcher.communicate(timeout=120)
-    assert launcher.returncode == 1
-    step = read_meta(find_checkpoint(out))["step"]
-    assert stderr_lines(stderr) == [
-        CHOSEN_OPTIMIZERS,
-        f"{ANNOUNCED_RUN}{out}",
-        f"distrec: error: rank 1 died (SIGKILL); the checkpoint of step {step} in {str(out)!r} is intact: "
-        f"continue with 'distrec train --resume {out} --nproc-per-node 2'",
-    ]
+    stopped_with_one_line(
+        launcher,
+        out,
+        1,
+        lambda step: (
+            f"distrec: error: rank 1 died (SIGKILL); the checkpoint of step {step} in {str(out)!r} is intact: "
+            f"continue with 'distrec train --resume {out} --nproc-per-node 2'"
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,14 +220,12 @@ def test_sigterm_says_so_and_keeps_the_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = start_training(out)
     proc.terminate()
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143
-    step = read_meta(find_checkpoint(out))["step"]
-    assert stderr_lines(stderr) == [
-        CHOSEN_OPTIMIZERS,
-        f"{ANNOUNCED_RUN}{out}",
-        f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'",
-    ]
+    step = stopped_with_one_line(
+        proc,
+        out,
+        143,
+        lambda step: f"distrec: stopped by SIGTERM; the checkpoint of step {step} in {str(out)!r} is intact: continue with 'distrec train --resume {out}'",
+    )
     load_trained_model(out, torch.device("cpu"))  # loads: checksums match
     resumed = distrec("train", "--resume", out, "--max-steps", step + 2, "--no-progress")
     assert resumed.returncode == 0, resumed.stderr

@@ -46,15 +46,21 @@ def assert_same_run(whole, resumed, break_step):
     assert summary_a == summary_b
 
 
+def train_whole_and_resumed(tmp_path, flags, length, stop, total):
+    """``flags`` trained to ``total`` (``length``: --max-steps or --epochs) in one go into
+    tmp_path/whole, and to ``stop`` then resumed to ``total`` into tmp_path/halves."""
+    train(*flags, length, total, "--out", tmp_path / "whole")
+    train(*flags, length, stop, "--out", tmp_path / "halves")
+    train("--resume", tmp_path / "halves", length, total, "--no-progress")
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_resumed_run_equals_uninterrupted_run(tmp_path, capsys, optimizer):
     # 14 steps cross the epoch boundary at step 9; the break at 7 is mid-epoch and between
     # two evaluations, with warm-up and decay running across it. The decay has a fixed
     # length: by default it spans the run, so a 7-step run would decay to 0 by its end.
     flags = [*TINY, "--optimizer", optimizer, "--set", "train.warmup_steps=3", "--set", "train.decay=linear", "--set", "train.decay_steps=14"]
-    train(*flags, "--max-steps", 14, "--out", tmp_path / "whole")
-    train(*flags, "--max-steps", 7, "--out", tmp_path / "halves")
-    train("--resume", tmp_path / "halves", "--max-steps", 14, "--no-progress")
+    train_whole_and_resumed(tmp_path, flags, "--max-steps", 7, 14)
     capsys.readouterr()
     assert_same_run(tmp_path / "whole", tmp_path / "halves", 7)
     assert [r["step"] for r in outcome(tmp_path / "halves")[1]] == [4, 7, 8, 12, 14]
@@ -62,17 +68,13 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, capsys, optimizer):
 
 def test_a_run_resumed_inside_an_epoch_of_fresh_synthetic_rows_equals_the_uninterrupted_one(tmp_path, capsys):
     # epoch 1 (steps 10-18) draws new rows; the break at step 11 falls inside it
-    train(*TINY, "--max-steps", 14, "--out", tmp_path / "whole")
-    train(*TINY, "--max-steps", 11, "--out", tmp_path / "halves")
-    train("--resume", tmp_path / "halves", "--max-steps", 14, "--no-progress")
+    train_whole_and_resumed(tmp_path, TINY, "--max-steps", 11, 14)
     capsys.readouterr()
     assert_same_run(tmp_path / "whole", tmp_path / "halves", 11)
 
 
 def test_resume_by_epochs(tmp_path, capsys):
-    train(*TINY, "--epochs", 2, "--out", tmp_path / "whole")
-    train(*TINY, "--epochs", 1, "--out", tmp_path / "halves")
-    train("--resume", tmp_path / "halves", "--epochs", 2, "--no-progress")
+    train_whole_and_resumed(tmp_path, TINY, "--epochs", 1, 2)
     capsys.readouterr()
     assert_same_run(tmp_path / "whole", tmp_path / "halves", 9)
     assert outcome(tmp_path / "whole")[2]["steps"] == 18
